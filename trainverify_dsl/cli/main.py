@@ -1,0 +1,66 @@
+"""`tvp` command-line entry point.
+
+Each subcommand lives in its own module under ``trainverify_dsl.cli`` exposing
+``configure(parser)`` (add its arguments) and ``run(args) -> int`` (the exit code). Modules
+are imported only when their subcommand runs, so ``tvp lint`` never imports torch or z3.
+
+Exit codes: 0 success/verified/clean, 1 findings/counterexample, 2 usage or internal error,
+3 inconclusive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+#: subcommand -> (module under trainverify_dsl.cli, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "lint": ("lint_cmd", "check plans without torch or a solver (syntax, names, layouts)"),
+    "fmt": ("fmt_cmd", "format plans canonically (keeps comments)"),
+    "explain": ("explain_cmd", "explain a diagnostic code: what, why, example, fix"),
+    "spec": ("spec_cmd", "trace a model into the spec IR and summarise it"),
+}
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits with 2 on usage errors, which matches our contract; keep it."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tvp", description="Prove distributed training plans correct.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        _load(module_name).configure(sub_parser)
+    return parser
+
+
+def _load(module_name: str):
+    return importlib.import_module(f"trainverify_dsl.cli.{module_name}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from trainverify_dsl import __version__
+
+        print(f"tvp {__version__}")
+        return 0
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    module_name, _ = SUBCOMMANDS[args.command]
+    try:
+        return int(_load(module_name).run(args))
+    except KeyboardInterrupt:
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Diagnostics as data.
+
+Detection is separate from message building and from rendering: passes create
+``Diagnostic`` values (a registered ``Code``, a message, a span, notes, help), a ``Collector``
+gathers them, and ``trainverify_dsl.report.render`` turns them into text/JSON/SARIF/GitHub.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from trainverify_dsl.report.span import Span
+
+
+class Severity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    NOTE = "note"
+
+
+@dataclass(frozen=True, slots=True)
+class Code:
+    """A stable diagnostic code: id (``TVP101``) plus kebab-case name (``unexpected-token``).
+
+    ``summary`` is one line for tables; ``what``/``why``/``example``/``fix`` feed
+    ``tvp explain``. ``example`` and ``fix`` are ``.tvp`` snippets: ``example`` must produce
+    this code and ``fix`` must not (the test-suite checks both).
+    """
+
+    id: str
+    name: str
+    severity: Severity
+    summary: str
+    what: str
+    why: str
+    example: str
+    fix: str
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnostic:
+    code: Code
+    message: str
+    span: Span
+    notes: tuple[str, ...] = ()
+    help: str | None = None
+    #: Secondary locations, e.g. the earlier conflicting declaration.
+    related: tuple[tuple[Span, str], ...] = ()
+
+    @property
+    def severity(self) -> Severity:
+        return self.code.severity
+
+
+@dataclass(slots=True)
+class Collector:
+    """Accumulates diagnostics so one run reports every problem, not only the first."""
+
+    items: list[Diagnostic] = field(default_factory=list)
+
+    def add(self, diagnostic: Diagnostic) -> None:
+        self.items.append(diagnostic)
+
+    def emit(self, code: Code, message: str, span: Span, *, notes: Iterable[str] = (),
+             help: str | None = None,
+             related: Iterable[tuple[Span, str]] = ()) -> None:
+        self.add(Diagnostic(code, message, span, tuple(notes), help, tuple(related)))
+
+    def extend(self, diagnostics: Iterable[Diagnostic]) -> None:
+        self.items.extend(diagnostics)
+
+    @property
+    def has_errors(self) -> bool:
+        return any(d.severity is Severity.ERROR for d in self.items)
+
+    def sorted(self) -> list[Diagnostic]:
+        return sorted(self.items, key=lambda d: (d.span.file, d.span.line, d.span.col, d.code.id))

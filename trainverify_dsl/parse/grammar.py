@@ -1,0 +1,82 @@
+"""Loading the `.tvp` grammar (``grammar/tvp.lark``) into one cached Lark LALR parser.
+
+The parser is built once per process, with ``strict=True``: Lark then rejects LALR conflicts
+and terminal collisions (the latter through ``interegular``, installed by
+``lark[interegular]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import lru_cache
+
+from lark import Lark, Token
+from lark.exceptions import LarkError
+from lark.indenter import Indenter
+
+from trainverify_dsl import GRAMMAR_DIR
+from trainverify_dsl.parse.build import AstBuilder, InlineCallbacks
+
+GRAMMAR_FILE = GRAMMAR_DIR / "tvp.lark"
+
+
+class IndentationProblem(LarkError):
+    """A dedent to a column that no enclosing block uses. ``token`` is the newline token."""
+
+    def __init__(self, token: Token, column: int, expected: int) -> None:
+        super().__init__(f"dedent to column {column}, expected {expected}")
+        self.token = token
+        self.column = column
+        self.expected = expected
+
+
+class TvpIndenter(Indenter):
+    """Python-style blocks for ``for`` and ``template``. No implicit line joining: a statement
+    is one line, so an unclosed bracket is reported on its own line."""
+
+    NL_type = "_NL"
+    OPEN_PAREN_types: list[str] = []
+    CLOSE_PAREN_types: list[str] = []
+    INDENT_type = "_INDENT"
+    DEDENT_type = "_DEDENT"
+    tab_len = 8
+
+    def handle_NL(self, token: Token) -> Iterator[Token]:  # noqa: N802 (Lark's hook name)
+        yield token
+        indent_str = token.rsplit("\n", 1)[-1]
+        indent = indent_str.count(" ") + indent_str.count("\t") * self.tab_len
+        if indent > self.indent_level[-1]:
+            self.indent_level.append(indent)
+            yield Token.new_borrow_pos(self.INDENT_type, indent_str, token)
+            return
+        while indent < self.indent_level[-1]:
+            self.indent_level.pop()
+            yield Token.new_borrow_pos(self.DEDENT_type, indent_str, token)
+        if indent != self.indent_level[-1]:
+            raise IndentationProblem(token, indent, self.indent_level[-1])
+
+
+def _build(builder: AstBuilder, strict: bool) -> Lark:
+    return Lark(
+        GRAMMAR_FILE.read_text(encoding="utf-8"),
+        parser="lalr",
+        lexer="contextual",
+        postlex=TvpIndenter(),
+        transformer=InlineCallbacks(builder),
+        keep_all_tokens=True,
+        maybe_placeholders=False,
+        strict=strict,
+    )
+
+
+@lru_cache(maxsize=1)
+def get_parser_and_builder() -> tuple[Lark, AstBuilder]:
+    """The cached parser and the AST builder it calls on every reduction. ``parse()``
+    returns the statements directly. Not thread-safe (the builder and the indenter keep
+    per-parse state): callers serialise parses (``parse.parser`` holds a lock)."""
+    builder = AstBuilder()
+    return _build(builder, strict=True), builder
+
+
+def get_parser() -> Lark:
+    return get_parser_and_builder()[0]

@@ -1,0 +1,275 @@
+"""``parse_source`` / ``parse_file``: `.tvp` text -> ``ParseResult`` (AST + diagnostics).
+
+Never raises on any input text. Strategy:
+
+1. Parse the whole file at once (the fast path; a valid file is parsed exactly once).
+2. On any error, split the file into top-level statement groups (a line starting at
+   column 0 plus the indented lines and blank/comment lines that follow it) and parse each
+   group on its own. When a group fails, the offending statement's lines (the error line and
+   any lines indented deeper than it) are blanked - replaced by spaces, so every position
+   stays exact - and the group is parsed again, until it parses or nothing is left. So one
+   run reports every syntax error and ``plan_file`` keeps every statement that parsed.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from lark.exceptions import LarkError
+
+from trainverify_dsl.parse import ast
+from trainverify_dsl.parse.build import AstBuilder, BuildError
+from trainverify_dsl.parse.errors import SyntaxProblem, diagnose
+from trainverify_dsl.parse.grammar import get_parser_and_builder
+from trainverify_dsl.report import codes_syntax as codes
+from trainverify_dsl.report.diagnostics import Diagnostic, Severity
+from trainverify_dsl.report.span import Span
+
+#: Reparse attempts per top-level statement group before giving up on the group.
+MAX_ATTEMPTS_PER_GROUP = 50
+
+#: Parses share one parser and builder (see ``grammar.get_parser_and_builder``).
+_PARSE_LOCK = threading.RLock()
+_BLANK = re.compile(r"[^\r]")
+_BLOCK_HEADER = re.compile(r"[ \t\f]*(for|template)(?![\w-])")
+
+
+@dataclass(frozen=True, slots=True)
+class ParseResult:
+    """The AST (``None`` only when the file could not be read at all) and the diagnostics.
+    With syntax errors, ``plan_file`` still holds every statement that parsed."""
+
+    plan_file: ast.PlanFile | None
+    diagnostics: tuple[Diagnostic, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not any(d.severity is Severity.ERROR for d in self.diagnostics)
+
+
+def parse_source(text: str, file: str = "<string>") -> ParseResult:
+    """Parse `.tvp` text. ``file`` is used in every span."""
+    source = text if text.endswith("\n") else text + "\n"
+    diagnostics: list[Diagnostic] = []
+    with _PARSE_LOCK:
+        statements = _parse_whole(source, file)
+        if statements is None:
+            statements = _parse_by_groups(source, file, diagnostics)
+    plan_file = ast.PlanFile(file, statements, collect_comments(text, file),
+                             _file_span(text, file))
+    diagnostics.sort(key=lambda d: (d.span.line, d.span.col, d.code.id))
+    return ParseResult(plan_file, tuple(diagnostics))
+
+
+def parse_file(path: str | Path) -> ParseResult:
+    """Read and parse a file; an unreadable file or invalid UTF-8 is a diagnostic
+    (invalid bytes are replaced by U+FFFD and the rest is still parsed)."""
+    file = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        message = f"cannot read '{file}': {reason}"
+        return ParseResult(None, (Diagnostic(codes.UNREADABLE_FILE, message,
+                                             Span.point(file, 1, 1)),))
+    try:
+        return parse_source(data.decode("utf-8"), file)
+    except UnicodeDecodeError as error:
+        result = parse_source(data.decode("utf-8", errors="replace"), file)
+        return ParseResult(result.plan_file,
+                           (_encoding_diagnostic(data, error, file), *result.diagnostics))
+
+
+def _encoding_diagnostic(data: bytes, error: UnicodeDecodeError, file: str) -> Diagnostic:
+    before = data[:error.start].decode("utf-8", errors="replace")
+    line = before.count("\n") + 1
+    col = len(before) - (before.rfind("\n") + 1) + 1
+    byte = data[error.start]
+    message = f"the file is not valid UTF-8 (byte 0x{byte:02x} at offset {error.start})"
+    return Diagnostic(codes.UNREADABLE_FILE, message, Span(file, line, col, line, col + 1))
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def _parse_whole(source: str, file: str) -> tuple[ast.Statement, ...] | None:
+    """The fast path: the whole file in one parse, or None on any error."""
+    if _first_line_indented(source):
+        return None
+    try:
+        return _parse_chunk(source, AstBuilder(file))
+    except Exception:  # noqa: BLE001 - any failure: recover group by group below
+        return None
+
+
+def _parse_chunk(text: str, where: AstBuilder) -> tuple[ast.Statement, ...]:
+    """Parse one chunk; ``where`` says which file it is from and where it starts."""
+    parser, builder = get_parser_and_builder()
+    builder.reset(where.file, where.line_offset, where.pos_offset)
+    return parser.parse(text)
+
+
+def _parse_by_groups(source: str, file: str,
+                     diagnostics: list[Diagnostic]) -> tuple[ast.Statement, ...]:
+    statements: list[ast.Statement] = []
+    for first_line, start_pos, lines in _statement_groups(source):
+        builder = AstBuilder(file, first_line, start_pos)
+        statements.extend(_parse_group(lines, builder, diagnostics))
+    return tuple(statements)
+
+
+def _parse_group(lines: list[str], builder: AstBuilder,
+                 diagnostics: list[Diagnostic]) -> tuple[ast.Statement, ...]:
+    """Parse one statement group, blanking each failing statement and retrying."""
+    if builder.line_offset == 0 and _first_line_indented("\n".join(lines)):
+        diagnostics.append(_leading_indent_diagnostic(lines, builder))
+        _blank_statement(lines, _first_content_index(lines))
+    for _ in range(MAX_ATTEMPTS_PER_GROUP):
+        text = "\n".join(lines)
+        try:
+            return _parse_chunk(text, builder)
+        except Exception as error:  # noqa: BLE001 - never a traceback; see _problem
+            problem = _problem(error, text, builder)
+            diagnostics.append(problem.diagnostic)
+            if not _blank_statement(lines, problem.line - 1):
+                return ()
+    return ()
+
+
+def _problem(error: Exception, text: str, builder: AstBuilder) -> SyntaxProblem:
+    """The diagnostic for any exception raised while parsing one group. Exceptions that are
+    not syntax errors are parser bugs: reported as a diagnostic on the group, never raised."""
+    if not isinstance(error, LarkError | BuildError | RecursionError):
+        return _internal_problem(error, text, builder)
+    try:
+        return _syntax_problem(error, text, builder)
+    except Exception as bug:  # noqa: BLE001
+        return _internal_problem(bug, text, builder)
+
+
+def _internal_problem(error: Exception, text: str, builder: AstBuilder) -> SyntaxProblem:
+    line = _first_content_index(text.split("\n")) + 1
+    number = builder.line_offset + line
+    message = f"internal error while parsing this statement ({type(error).__name__}); please report"
+    span = Span(builder.file, number, 1, number, 2)
+    return SyntaxProblem(Diagnostic(codes.UNEXPECTED_TOKEN, message, span), line)
+
+
+def _syntax_problem(error: Exception, text: str, builder: AstBuilder) -> SyntaxProblem:
+    if isinstance(error, BuildError):
+        span = error.span
+        line = span.line - builder.line_offset
+        if error.code is codes.NESTING_TOO_DEEP:  # skip the whole group, not an inner block
+            line = _first_content_index(text.split("\n")) + 1
+        return SyntaxProblem(Diagnostic(error.code, error.message, span), line)
+    if isinstance(error, RecursionError):
+        span = Span(builder.file, builder.line_offset + 1, 1, builder.line_offset + 1, 2)
+        return SyntaxProblem(Diagnostic(codes.NESTING_TOO_DEEP,
+                                        "this statement is nested too deeply", span), 1)
+    return diagnose(error, text, builder)
+
+
+# ---------------------------------------------------------------- lines and groups
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t\f"))
+
+
+def _is_content(line: str) -> bool:
+    stripped = line.strip()
+    return bool(stripped) and not stripped.startswith("#")
+
+
+def _first_content_index(lines: list[str]) -> int:
+    return next((i for i, line in enumerate(lines) if _is_content(line)), 0)
+
+
+def _first_line_indented(text: str) -> bool:
+    for line in text.split("\n"):
+        if _is_content(line):
+            return _indent(line) > 0
+    return False
+
+
+def _statement_groups(source: str):
+    """Yield (line offset, position offset, lines) for each top-level statement group."""
+    lines = source.split("\n")
+    start, start_pos, pos = 0, 0, 0
+    for index, line in enumerate(lines):
+        if index > start and _is_content(line) and _indent(line) == 0:
+            yield start, start_pos, lines[start:index] + [""]
+            start, start_pos = index, pos
+        pos += len(line) + 1
+    yield start, start_pos, lines[start:]
+
+
+def _blank_statement(lines: list[str], index: int) -> bool:
+    """Blank line ``index`` and, for a block header, its body (the lines indented deeper
+    after it). False if nothing was left to blank (so recovery cannot loop forever)."""
+    if not 0 <= index < len(lines) or not lines[index].strip():
+        return False
+    depth = _indent(lines[index])
+    end = index + 1
+    if _BLOCK_HEADER.match(lines[index]):
+        while end < len(lines) and (not _is_content(lines[end]) or _indent(lines[end]) > depth):
+            end += 1
+    for number in range(index, end):
+        lines[number] = _BLANK.sub(" ", lines[number])
+    return True
+
+
+def _leading_indent_diagnostic(lines: list[str], builder: AstBuilder) -> Diagnostic:
+    index = _first_content_index(lines)
+    line = lines[index]
+    pos = sum(len(text) + 1 for text in lines[:index])
+    span = Span(builder.file, index + 1, 1, index + 1, _indent(line) + 1, pos,
+                pos + _indent(line))
+    return Diagnostic(codes.BAD_INDENTATION,
+                      "unexpected indentation: the first statement must start at column 1",
+                      span)
+
+
+def _file_span(text: str, file: str) -> Span:
+    last_line = text.count("\n") + 1
+    last_col = len(text) - (text.rfind("\n") + 1) + 1
+    return Span(file, 1, 1, last_line, last_col, 0, len(text))
+
+
+# ---------------------------------------------------------------- comments
+
+
+def collect_comments(text: str, file: str) -> tuple[ast.Comment, ...]:
+    """Every ``#`` comment outside a string, in order. Strings cannot span lines, so a
+    per-line scan is exact."""
+    comments: list[ast.Comment] = []
+    pos = 0
+    for number, line in enumerate(text.split("\n"), start=1):
+        column = _comment_column(line)
+        if column >= 0:
+            body = line[column:].rstrip("\r")
+            span = Span(file, number, column + 1, number, column + 1 + len(body),
+                        pos + column, pos + column + len(body))
+            comments.append(ast.Comment(body, span))
+        pos += len(line) + 1
+    return tuple(comments)
+
+
+def _comment_column(line: str) -> int:
+    in_string = escaped = False
+    for column, char in enumerate(line):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char == "#":
+            return column
+    return -1

@@ -1,0 +1,239 @@
+"""Semantic checks, each with a bad and a fixed plan, and the shape of their messages."""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from test_plan_support import HEAD, codes_of, lint_files, resolve_text
+
+from trainverify_dsl.plan import parse_pattern
+from trainverify_dsl.plan.overlap import patterns_may_overlap
+from trainverify_dsl.report import codes_plan as codes
+from trainverify_dsl.report.diagnostics import Severity
+
+MESH = "mesh pp=2, dp=2, tp=4\n"
+LLAMA = 'plan p\nspec "stdlib/models/llama.py:Llama" config llama3_8b batch 16 seq 32\n'
+TINY = 'plan p\nspec "stdlib/models/llama.py:Llama" config llama_tiny batch 16 seq 32\n'
+
+#: (code, bad plan body, fixed plan body); HEAD is prepended unless the body has a header.
+CASES = [
+    (codes.UNKNOWN_MESH_AXIS, "replicate w over dpp\n", "replicate w over dp\n"),
+    (codes.UNKNOWN_MESH_AXIS, "algorithm expert-parallel for moe over ep\n",
+     "algorithm expert-parallel for moe over dp\n"),
+    (codes.AXIS_USED_TWICE, "split w [(tp, tp), -]\n", "split w [(dp, tp), -]\n"),
+    (codes.AXIS_USED_TWICE, "place w [tp=S(0), tp=S(1)]\n", "place w [tp=S(0), dp=S(1)]\n"),
+    (codes.SPLIT_AND_PARTIAL, "place w [R, S(0), R]\npartial w over dp\n",
+     "place w [tp=S(0)]\npartial w over dp\n"),
+    (codes.CONFLICTING_LAYOUT, "place w [R, R, S(0)]\npartial w over dp\n",
+     "place w [R, P(sum), S(0)]\npartial w over dp\n"),
+    (codes.CONFLICTING_LAYOUT, "split w [dp, -]\nsplit w [tp, -]\n", "split w [(dp, tp), -]\n"),
+    (codes.CONFLICTING_LAYOUT, "replicate w over tp\nsplit w [tp, -]\n",
+     "replicate w over dp\nsplit w [tp, -]\n"),
+    (codes.DUPLICATE_STATEMENT, "replicate w over dp\nreplicate w over dp\n",
+     "replicate w over dp\n"),
+    (codes.SPLIT_NOT_DIVISIBLE, "microbatches 2\nsplit tokens [(dp, tp), -]\n",
+     "microbatches 2\nsplit tokens [dp, -]\n"),
+    (codes.SPLIT_NOT_DIVISIBLE, "microbatches 8\nsplit tokens [dp, -]\n",
+     "microbatches 4\nsplit tokens [dp, -]\n"),
+    (codes.LAYOUT_RANK_MISMATCH, "place labels [S(2), R, R]\n", "place labels [S(1), R, R]\n"),
+    (codes.MISSING_MESH, "split w [tp]\n", MESH),
+    (codes.MESH_REDECLARED, MESH + "mesh dp=2\n", ""),
+    (codes.PIPELINE_WITHOUT_PP, "mesh dp=2\nsend x.out from 0 to 1\n",
+     "mesh pp=2\nsend x.out from 0 to 1\n"),
+    (codes.STAGE_OUT_OF_RANGE, "pipeline-stage 0: a\npipeline-stage 1: b\nsend b.out from 1 to 2\n",
+     "pipeline-stage 0: a\npipeline-stage 1: b\nsend a.out from 0 to 1\n"),
+    (codes.STAGE_OVERLAP, "pipeline-stage 0: embed, layers.0\npipeline-stage 1: layers[0:2]\n",
+     "pipeline-stage 0: embed, layers.0\npipeline-stage 1: layers[1:2]\n"),
+    (codes.STAGE_OVERLAP, "pipeline-stage 0: layers.0.attention\npipeline-stage 1: layers.0\n",
+     "pipeline-stage 0: layers.0\npipeline-stage 1: layers.1\n"),
+    (codes.STAGE_GAP, "pipeline-stage 1: layers\n", "pipeline-stage 0: embed\n"
+     "pipeline-stage 1: layers\n"),
+    (codes.STAGE_ORDER, "pipeline-stage 0: layers[4:]\npipeline-stage 1: layers[:4]\n",
+     "pipeline-stage 0: layers[:4]\npipeline-stage 1: layers[4:]\n"),
+    (codes.INVALID_MICROBATCHES, "microbatches 3/2\n", "microbatches 3\n"),
+    (codes.INVALID_LOSS_SCALE, "loss-scale 1/2 - 1\n", "loss-scale 1 - 1/2\n"),
+    (codes.UNKNOWN_OPTIMIZER, "optimizer lion lr=1\n", "optimizer sgd lr=1\n"),
+    (codes.UNKNOWN_HYPERPARAMETER, "optimizer sgd lr=1 betas=(0.9, 0.9)\n",
+     "optimizer adam lr=1 betas=(0.9, 0.9)\n"),
+    (codes.MISSING_HYPERPARAMETER, "optimizer adam eps=1e-8\n", "optimizer adam lr=1 eps=1e-8\n"),
+    (codes.INVALID_OPTION_VALUE, "optimizer adam lr=(1, 2)\n", "optimizer adam lr=1\n"),
+    (codes.UNKNOWN_OPTION, "copy x.in over tp op=sum\n", "copy x.in over tp\n"),
+    (codes.UNKNOWN_OPTION, "partial x over tp opp=sum\n", "partial x over tp op=sum\n"),
+    (codes.MISSING_OPTION, "all-to-all x over tp split-dim=0\n",
+     "all-to-all x over tp split-dim=0 concat-dim=1\n"),
+    (codes.MISSING_OPTION, "reduce-scatter grad(params) over dp\n",
+     "reduce-scatter grad(params) over dp dim=0\n"),
+    (codes.INVALID_BACKWARD, "copy x over tp backward copy\n",
+     "copy x over tp backward identity\n"),
+    (codes.UNKNOWN_REDUCE_OP, "place x [P(prod), R, R]\n", "place x [P(max), R, R]\n"),
+    (codes.UNKNOWN_ALGORITHM, "algorithm ring-attention for attn over tp\n",
+     "algorithm context-parallel-attention for attn over tp\n"),
+]
+
+
+def body_with_mesh(body: str) -> str:
+    return body if body.startswith("mesh") else MESH + body
+
+
+@pytest.mark.parametrize(("code", "bad", "good"), CASES,
+                         ids=[f"{c.id}-{i}" for i, (c, _, _) in enumerate(CASES)])
+def test_check_fires_on_bad_and_not_on_fixed(code, bad: str, good: str) -> None:
+    if code is codes.MISSING_MESH:
+        bad_result, good_result = resolve_text(bad), resolve_text(good)
+    else:
+        bad_result = resolve_text(body_with_mesh(bad))
+        good_result = resolve_text(body_with_mesh(good))
+    assert code.id in codes_of(bad_result), [d.message for d in bad_result.diagnostics]
+    assert codes_of(good_result) == [], [d.message for d in good_result.diagnostics]
+
+
+def test_divisibility_message_follows_the_shard_map_template() -> None:
+    result = resolve_text("mesh dp=1, tp=4\nsplit tokens [tp, -]\n",
+                          head='plan p\nspec "m.py:M" batch 10 seq 8\n')
+    (diagnostic,) = result.diagnostics
+    assert diagnostic.code is codes.SPLIT_NOT_DIVISIBLE
+    assert diagnostic.message == "layout of 'tokens' does not divide evenly over Mesh(dp=1, tp=4)"
+    assert diagnostic.notes == ("splits dimension 0 (of size 10) over mesh axis 'tp' (of size "
+                                "4), but 4 does not evenly divide 10",)
+    assert diagnostic.help and "multiple of 4" in diagnostic.help
+
+
+def test_conflict_names_both_statements() -> None:
+    result = resolve_text(MESH + "split w [tp, -]\n\nsplit w [-, tp]\n")
+    (diagnostic,) = result.diagnostics
+    assert diagnostic.span.line == 6
+    assert [span.line for span, _ in diagnostic.related] == [4]
+    assert any("S(0)" in n and "S(1)" in n for n in diagnostic.notes)
+
+
+def test_duplicate_is_a_warning_and_the_plan_still_resolves() -> None:
+    result = resolve_text(MESH + "all-reduce x over tp\nall-reduce x over tp\n")
+    assert [d.severity for d in result.diagnostics] == [Severity.WARNING]
+    assert result.ok and len(result.plan.collectives) == 2
+
+
+def test_unknown_axis_lists_the_mesh_and_suggests() -> None:
+    (diagnostic,) = resolve_text(MESH + "split w [cp, -]\n").diagnostics
+    assert diagnostic.message == "unknown mesh axis 'cp'; did you mean 'tp'?"
+    assert "split w [cp, -] on Mesh(pp=2, dp=2, tp=4)" in diagnostic.notes
+    assert "known mesh axes: 'pp', 'dp', 'tp'" in diagnostic.notes
+
+
+def test_layers_coverage_uses_the_stdlib_config() -> None:
+    stages = "pipeline-stage 0: embed, layers[0:16]\npipeline-stage 1: layers[16:31]\n"
+    (diagnostic,) = resolve_text(MESH + stages, head=LLAMA).diagnostics
+    assert diagnostic.code is codes.STAGE_COVERAGE
+    assert diagnostic.notes[0] == "unassigned layers: layers[31]"
+    ok = "pipeline-stage 0: embed, layers[0:16]\npipeline-stage 1: layers[16:], norm\n"
+    assert resolve_text(MESH + ok, head=LLAMA).diagnostics == ()
+    assert resolve_text(MESH + "pipeline-stage 0: layers.0\npipeline-stage 1: layers.1\n",
+                        head=TINY).diagnostics == ()
+
+
+def test_coverage_is_skipped_for_user_models_and_unknown_configs() -> None:
+    stages = "pipeline-stage 0: layers[0:2]\npipeline-stage 1: layers[2:3]\n"
+    assert resolve_text(MESH + stages).diagnostics == ()
+    unknown = LLAMA.replace("llama3_8b", "llama3_8x")
+    diagnostics = resolve_text(MESH + stages, head=unknown).diagnostics
+    assert codes_of(diagnostics) == [codes.UNKNOWN_MODEL_CONFIG.id]
+    assert "did you mean 'llama3_8b'?" in diagnostics[0].message
+
+
+def test_interleaved_schedule_allows_non_contiguous_stages() -> None:
+    stages = ("pipeline-stage 0: layers[0:8], layers[16:24]\n"
+              "pipeline-stage 1: layers[8:16], layers[24:32]\n")
+    assert resolve_text(MESH + "microbatches 4 schedule interleaved-1f1b\n" + stages,
+                        head=LLAMA).diagnostics == ()
+    assert codes_of(resolve_text(MESH + stages, head=LLAMA)) == [codes.STAGE_ORDER.id]
+
+
+def test_collective_options_and_backward_defaults() -> None:
+    result = resolve_text(MESH + "all-reduce a over tp\ncopy b over tp\n"
+                          "all-gather c over tp dim=1\n"
+                          "reduce-scatter d over dp dim=0 op=avg\nscatter e over tp dim=2\n"
+                          "all-to-all f over tp split-dim=0 concat-dim=1\n"
+                          "all-reduce g over tp, dp backward all-reduce\n")
+    assert result.ok, result.diagnostics
+    table = [(c.kind, c.backward, c.backward_stated, c.op, c.dim, c.split_dim, c.concat_dim)
+             for c in result.plan.collectives]
+    assert table == [
+        ("all-reduce", "identity", False, "sum", None, None, None),
+        ("copy", "all-reduce", False, None, None, None, None),
+        ("all-gather", "reduce-scatter", False, None, 1, None, None),
+        ("reduce-scatter", "all-gather", False, "avg", 0, None, None),
+        ("scatter", "all-gather", False, None, 2, None, None),
+        ("all-to-all", "all-to-all", False, None, None, 0, 1),
+        ("all-reduce", "all-reduce", True, "sum", None, None, None),
+    ]
+    assert result.plan.collectives[-1].axes == ("tp", "dp")
+
+
+def test_optimizer_and_clip_are_exact() -> None:
+    result = resolve_text(MESH + "optimizer adamw lr=3e-4 betas=(0.9, 0.95) eps=1e-8 "
+                          "weight-decay=0.1 shard over dp, pp\nclip-grad-norm 1.0\n")
+    optimizer = result.plan.optimizer
+    assert optimizer.get("lr") == Fraction(3, 10000)
+    assert optimizer.get("betas") == (Fraction(9, 10), Fraction(19, 20))
+    assert optimizer.get("eps") == Fraction(1, 10**8)
+    assert optimizer.shard_axes == ("dp", "pp")
+    assert result.plan.clip_grad_norm.max_norm == 1
+
+
+def test_every_example_produces_its_code_and_every_fix_lints_clean(tmp_path: Path) -> None:
+    """The registry's contract for TVP2xx, checked with the plan tests' own loader."""
+    extra = re.compile(r"`(?P<name>[\w.-]+\.tvp)` holding `(?P<text>[^`]*)`")
+    for index, code in enumerate(codes.CODES):
+        if code is codes.EXPANSION_LIMIT:
+            continue  # slow by design; tests/test_plan_resolve.py covers it
+        files = {m["name"]: m["text"] + "\n" for m in extra.finditer(code.what)}
+        for kind, text in (("example", code.example), ("fix", code.fix)):
+            folder = tmp_path / f"{index}-{kind}"
+            found = codes_of(lint_files(folder, {**files, "example.tvp": text}, "example.tvp"))
+            if kind == "example":
+                assert code.id in found, f"{code.id} example produced {found}"
+            else:
+                assert found == [], f"{code.id} fix produced {found}"
+
+
+def test_head_constant_is_what_examples_use() -> None:
+    assert codes.MISSING_MESH.example == HEAD
+
+
+@pytest.mark.parametrize(("a", "b", "meet"), [
+    ("layers.*.wq.weight", "layers.3.wq.weight", True),
+    ("layers.*.wq.weight", "layers.3.wk.weight", False),
+    ("layers[0:4].w", "layers[4:8].w", False),
+    ("layers[0:4].w", "layers[3:8].w", True),
+    ("layers[0::2].w", "layers[1::2].w", False),
+    ("layers[0::2].w", "layers[3::3].w", True),
+    ("layers[0:4].w", "layers.1*.w", True),
+    ("layers[2:4].w", "layers.1*.w", False),
+    ("layers[-2:].w", "layers.3.w", False),
+    ("layers.*.wq*", "layers.*.wk*", False),
+    ("layers.*.w*", "layers.*.w1", True),
+    ("grad(layers.*.w)", "layers.1.w", False),
+    ("layers.*.w", "layers.1.w.x", False),
+    ("layers[1000000000:].w", "layers[5:].w", True),
+])
+def test_pattern_overlap(a: str, b: str, meet: bool) -> None:
+    assert patterns_may_overlap(parse_pattern(a), parse_pattern(b)) is meet
+    assert patterns_may_overlap(parse_pattern(b), parse_pattern(a)) is meet
+
+
+def test_overlapping_patterns_with_conflicting_layouts_are_reported() -> None:
+    result = resolve_text(MESH + "for l in layers:\n    split l.wq.weight [tp, -]\n"
+                          "split layers.3.wq.weight [-, tp]\n"
+                          "partial layers[0:2].wq.weight over tp\n")
+    found = [(d.code, d.span.line, [s.line for s, _ in d.related]) for d in result.diagnostics]
+    assert found == [(codes.CONFLICTING_LAYOUT, 6, [5]), (codes.SPLIT_AND_PARTIAL, 7, [5])]
+    assert "'layers.*.wq.weight' and 'layers.3.wq.weight'" in result.diagnostics[0].message
+
+
+def test_interleaved_slices_and_params_defaults_do_not_conflict() -> None:
+    result = resolve_text(MESH + "replicate params\nsplit layers[0::2].w [tp, -]\n"
+                          "split layers[1::2].w [-, tp]\nsplit layers.*.v [tp, -]\n"
+                          "split layers.0.v [tp, -]\n")
+    assert result.diagnostics == ()

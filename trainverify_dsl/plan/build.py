@@ -1,0 +1,445 @@
+"""Flat leaves -> ``Plan``: headers first (their values name expressions), then every
+statement in program order, with the per-statement checks (names, options, numbers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from trainverify_dsl.parse import ast
+from trainverify_dsl.plan import messages, vocab
+from trainverify_dsl.plan.evaluate import Evaluator
+from trainverify_dsl.plan.expand import Leaf
+from trainverify_dsl.plan.layouts import (
+    LayoutStmt,
+    LayoutTable,
+    claim_of,
+    unknown_option,
+    unknown_reduce_op,
+)
+from trainverify_dsl.plan.model import (
+    DEFAULT_BACKWARD,
+    Algorithm,
+    ClipGradNorm,
+    Collective,
+    Mesh,
+    MeshAxis,
+    Optimizer,
+    OptionValue,
+    Origin,
+    PipelineStage,
+    Plan,
+    Send,
+    SpecRef,
+    TensorPattern,
+)
+from trainverify_dsl.plan.patterns import pattern_of, zero_step_slice
+from trainverify_dsl.report import codes_plan as codes
+from trainverify_dsl.report.diagnostics import Collector
+from trainverify_dsl.report.span import Span
+
+_HEADER_TYPES = (ast.PlanHeader, ast.SpecDecl, ast.MeshDecl, ast.MicrobatchesDecl,
+                 ast.LossScaleDecl, ast.OptimizerDecl, ast.ClipGradNormDecl)
+_HEADER_WORDS = {ast.PlanHeader: "plan", ast.SpecDecl: "spec", ast.MeshDecl: "mesh",
+                 ast.MicrobatchesDecl: "microbatches", ast.LossScaleDecl: "loss-scale",
+                 ast.OptimizerDecl: "optimizer", ast.ClipGradNormDecl: "clip-grad-norm"}
+_INT_SETTINGS = ("batch", "seq")
+
+
+@dataclass(slots=True)
+class _Parts:
+    collectives: list[Collective] = field(default_factory=list)
+    sends: list[Send] = field(default_factory=list)
+    stages: list[PipelineStage] = field(default_factory=list)
+    algorithms: list[Algorithm] = field(default_factory=list)
+    collective_keys: dict[object, Origin] = field(default_factory=dict)
+
+
+class Builder:
+    def __init__(self, leaves: list[Leaf], main_file: str, files: list[str],
+                 collector: Collector, *, has_header: bool):
+        self.leaves, self.main_file, self.files = leaves, main_file, files
+        self.collector = collector
+        self.has_header = has_header
+        self.evaluator = Evaluator(collector)
+        self.headers: dict[type, Leaf] = {}
+        self.mesh: Mesh | None = None
+
+    def build(self) -> Plan:
+        self._pick_headers()
+        spec = self._spec()
+        self.mesh = self._mesh()
+        microbatches, schedule = self._microbatches()
+        loss_scale = self._loss_scale()
+        parts, layouts = self._statements()
+        return Plan(
+            name=self._name(), file=self.main_file, spec=spec, mesh=self.mesh,
+            microbatches=microbatches, schedule=schedule, loss_scale=loss_scale,
+            layouts=layouts, collectives=tuple(parts.collectives), sends=tuple(parts.sends),
+            stages=tuple(parts.stages), optimizer=self._optimizer(),
+            clip_grad_norm=self._clip(), algorithms=tuple(parts.algorithms),
+            files=tuple(self.files))
+
+    # ------------------------------------------------------------ headers
+
+    def _pick_headers(self) -> None:
+        for leaf in self.leaves:
+            if not isinstance(leaf.stmt, _HEADER_TYPES):
+                continue
+            kind = type(leaf.stmt)
+            first = self.headers.get(kind)
+            if first is None:
+                self.headers[kind] = leaf
+                continue
+            word = _HEADER_WORDS[kind]
+            code = codes.MESH_REDECLARED if kind is ast.MeshDecl else codes.REPEATED_HEADER
+            self.collector.add(messages.conflict(
+                code, f"'{word}' is stated more than once", first.origin, leaf.origin, [],
+                f"keep one '{word}' statement"))
+
+    def _header(self, kind: type) -> tuple[ast.Statement, Origin] | tuple[None, None]:
+        leaf = self.headers.get(kind)
+        return (leaf.stmt, leaf.origin) if leaf is not None else (None, None)
+
+    def _name(self) -> str | None:
+        stmt, _ = self._header(ast.PlanHeader)
+        return stmt.name.name if stmt is not None else None
+
+    def _spec(self) -> SpecRef | None:
+        stmt, origin = self._header(ast.SpecDecl)
+        if stmt is None:
+            return None
+        settings: list[tuple[str, OptionValue]] = []
+        ints: dict[str, int] = {}
+        for option in stmt.settings:
+            key, sub = option.key.name, Origin(option.span, origin.trail)
+            if key in _INT_SETTINGS and not isinstance(option.value, ast.Path | ast.TupleValue):
+                value = self.evaluator.integer(option.value, sub, f"spec {key}", minimum=1)
+                if value is not None:
+                    ints[key] = value
+                    settings.append((key, Fraction(value)))
+                continue
+            value = self.evaluator.option(option.value, sub)
+            if value is not None:
+                settings.append((key, value))
+        self.evaluator.names.update({k: Fraction(v) for k, v in ints.items()})
+        config = dict(settings).get("config")
+        return SpecRef(stmt.model, config if isinstance(config, str) else None,
+                       ints.get("batch"), ints.get("seq"), tuple(settings), origin)
+
+    def _mesh(self) -> Mesh | None:
+        stmt, origin = self._header(ast.MeshDecl)
+        if stmt is None:
+            if self.has_header:
+                self.collector.add(messages.at(
+                    codes.MISSING_MESH, "the plan declares no mesh",
+                    Origin(self._first_span()), help="add e.g. 'mesh dp=2, tp=2'"))
+            return None
+        axes: list[MeshAxis] = []
+        for axis in stmt.axes:
+            sub = Origin(axis.span, origin.trail)
+            if any(a.name == axis.name.name for a in axes):
+                self.collector.add(messages.at(
+                    codes.DUPLICATE_MESH_AXIS, f"mesh axis '{axis.name.name}' is declared twice",
+                    sub, help="give every mesh axis a distinct name"))
+                continue
+            size = self._mesh_size(axis, sub)
+            if size is not None:
+                axes.append(MeshAxis(axis.name.name, size, axis.span))
+                self.evaluator.names[axis.name.name] = Fraction(size)
+        return Mesh(tuple(axes), stmt.span)
+
+    def _mesh_size(self, axis: ast.MeshAxis, origin: Origin) -> int | None:
+        value = self.evaluator.number(axis.size, origin)
+        if value is None:
+            return None
+        if value.denominator != 1 or value < 1:
+            self.collector.add(messages.at(
+                codes.INVALID_MESH_SIZE,
+                f"mesh axis '{axis.name.name}' has size {value}, not a positive integer",
+                origin, help="mesh axis sizes count devices: use a whole number >= 1"))
+            return None
+        return int(value)
+
+    def _first_span(self) -> Span:
+        return self.leaves[0].origin.span if self.leaves else Span.point(self.main_file, 1, 1)
+
+    def _microbatches(self) -> tuple[int, str | None]:
+        stmt, origin = self._header(ast.MicrobatchesDecl)
+        count, schedule = 1, None
+        if stmt is not None:
+            value = self.evaluator.number(stmt.count, origin)
+            if value is not None and (value.denominator != 1 or value < 1):
+                self.collector.add(messages.at(
+                    codes.INVALID_MICROBATCHES,
+                    f"microbatches must be a positive integer, got {value}", origin,
+                    help="state how many microbatches each dp rank runs per step (>= 1)"))
+            elif value is not None:
+                count = int(value)
+            schedule = self._schedule(stmt, origin)
+        self.evaluator.names["microbatches"] = Fraction(count)
+        return count, schedule
+
+    def _schedule(self, stmt: ast.MicrobatchesDecl, origin: Origin) -> str | None:
+        if stmt.schedule is None:
+            return None
+        if stmt.schedule.name not in vocab.SCHEDULES:
+            self.collector.add(messages.unknown_name(
+                codes.UNKNOWN_SCHEDULE, "schedule", stmt.schedule.name, vocab.SCHEDULES,
+                Origin(stmt.schedule.span, origin.trail)))
+            return None
+        return stmt.schedule.name
+
+    def _loss_scale(self) -> Fraction:
+        stmt, origin = self._header(ast.LossScaleDecl)
+        if stmt is None:
+            return Fraction(1)
+        value = self.evaluator.number(stmt.value, origin)
+        if value is not None and value <= 0:
+            self.collector.add(messages.at(
+                codes.INVALID_LOSS_SCALE, f"loss-scale must be positive, got {value}", origin,
+                help="with a mean loss over microbatches use 'loss-scale 1/microbatches'"))
+            return Fraction(1)
+        return Fraction(1) if value is None else value
+
+    # ------------------------------------------------------------ statements
+
+    def _statements(self) -> tuple[_Parts, tuple]:
+        parts = _Parts()
+        table = LayoutTable(self.mesh, self.collector) if self.mesh is not None else None
+        for leaf in self.leaves:
+            stmt, origin = leaf.stmt, leaf.origin
+            match stmt:
+                case ast.SplitStmt() | ast.ReplicateStmt() | ast.PartialStmt() | ast.PlaceStmt():
+                    self._layout(stmt, origin, table)
+                case ast.CollectiveStmt():
+                    self._collective(stmt, origin, parts)
+                case ast.SendStmt():
+                    self._send(stmt, origin, parts)
+                case ast.PipelineStageStmt():
+                    self._stage(stmt, origin, parts)
+                case ast.AlgorithmStmt():
+                    self._algorithm(stmt, origin, parts)
+        return parts, table.layouts() if table is not None else ()
+
+    def _target(self, node: ast.Target, origin: Origin) -> TensorPattern | None:
+        bad = zero_step_slice(node)
+        if bad is not None:
+            self.collector.add(messages.at(
+                codes.INVALID_NUMBER, "slice step cannot be zero", Origin(bad.span, origin.trail),
+                help="use a positive step such as [0:8:2]"))
+            return None
+        return pattern_of(node)
+
+    def _layout(self, stmt: LayoutStmt, origin: Origin, table: LayoutTable | None) -> None:
+        target = self._target(stmt.target, origin)
+        if target is None or table is None:
+            return
+        claim = claim_of(stmt, target, origin, self.mesh, self.collector)
+        key = (type(stmt).__name__, claim.text, tuple(claim.placements),
+               tuple(sorted(claim.dims.items())))
+        table.add(claim, key)
+
+    def _axes(self, idents: tuple[ast.Ident, ...], origin: Origin, construct: str):
+        names = []
+        for ident in idents:
+            if self.mesh is not None and not self.mesh.has(ident.name):
+                self.collector.add(messages.unknown_axis(
+                    ident.name, self.mesh, Origin(ident.span, origin.trail), construct))
+            else:
+                names.append(ident.name)
+        return tuple(names)
+
+    def _collective(self, stmt: ast.CollectiveStmt, origin: Origin, parts: _Parts) -> None:
+        target = self._target(stmt.target, origin)
+        if target is None:
+            return
+        text = f"{stmt.kind} {target}"
+        axes = self._axes(stmt.axes, origin, text)
+        options = self._collective_options(stmt, origin, text)
+        backward = self._backward(stmt, origin)
+        key = (stmt.kind, str(target), axes, tuple(sorted(options.items())), backward)
+        if key in parts.collective_keys:
+            self.collector.add(messages.conflict(
+                codes.DUPLICATE_STATEMENT, f"duplicate statement: {text}",
+                parts.collective_keys[key], origin,
+                ["a repeated collective runs twice (e.g. a doubled all-reduce)"],
+                "remove the repeated statement"))
+        parts.collective_keys[key] = origin
+        op = options.get("op")
+        if op is None and stmt.kind in ("all-reduce", "reduce-scatter"):
+            op = "sum"
+        parts.collectives.append(Collective(
+            stmt.kind, target, axes, op if isinstance(op, str) else None,
+            _int(options.get("dim")), _int(options.get("split-dim")),
+            _int(options.get("concat-dim")),
+            backward or DEFAULT_BACKWARD.get(stmt.kind, "identity"), backward is not None,
+            tuple(options.items()), origin))
+
+    def _collective_options(self, stmt: ast.CollectiveStmt, origin: Origin,
+                            text: str) -> dict[str, OptionValue]:
+        allowed = vocab.COLLECTIVE_OPTIONS.get(stmt.kind, ())
+        values: dict[str, OptionValue] = {}
+        for option in stmt.options:
+            key, sub = option.key.name, Origin(option.span, origin.trail)
+            if key not in allowed:
+                self.collector.add(unknown_option(stmt.kind, key, allowed, sub))
+            elif key == "op":
+                op = self._reduce_op(option, stmt.kind, sub)
+                if op is not None:
+                    values[key] = op
+            else:
+                value = self._dim(option, sub)
+                if value is not None:
+                    values[key] = Fraction(value)
+        self._required(stmt, origin, text)
+        return values
+
+    def _required(self, stmt: ast.CollectiveStmt, origin: Origin, text: str) -> None:
+        given = {o.key.name for o in stmt.options}
+        for key in vocab.REQUIRED_OPTIONS.get(stmt.kind, ()):
+            allowed = vocab.COLLECTIVE_OPTIONS.get(stmt.kind, ())
+            misspelt = any(g not in allowed and messages.did_you_mean(g, [key]) for g in given)
+            if key not in given and not misspelt:
+                self.collector.add(messages.at(
+                    codes.MISSING_OPTION, f"{stmt.kind} needs the option '{key}='", origin,
+                    notes=[f"in: {text}"],
+                    help=f"state the tensor dimension, e.g. '{key}=0'"))
+
+    def _reduce_op(self, option: ast.Option, construct: str, origin: Origin) -> str | None:
+        known = vocab.COLLECTIVE_REDUCE_OPS.get(construct, vocab.REDUCE_OPS)
+        word = self.evaluator.word(option.value)
+        if word is None or word not in known:
+            self.collector.add(unknown_reduce_op(str(word or "<number>"), construct, known,
+                                                 origin))
+            return None
+        return word
+
+    def _dim(self, option: ast.Option, origin: Origin) -> int | None:
+        if isinstance(option.value, ast.Path | ast.TupleValue):
+            self._invalid_value(option.key.name, "a dimension number", origin)
+            return None
+        return self.evaluator.integer(option.value, origin, f"option '{option.key.name}'")
+
+    def _invalid_value(self, key: str, expected: str, origin: Origin) -> None:
+        self.collector.add(messages.at(
+            codes.INVALID_OPTION_VALUE, f"option '{key}' needs {expected}", origin,
+            help=f"write {key}=<{expected}>"))
+
+    def _backward(self, stmt: ast.CollectiveStmt, origin: Origin) -> str | None:
+        if stmt.backward is None:
+            return None
+        name = stmt.backward.name
+        if name not in vocab.BACKWARD_KINDS:
+            self.collector.add(messages.unknown_name(
+                codes.INVALID_BACKWARD, "backward kind", name, vocab.BACKWARD_KINDS,
+                Origin(stmt.backward.span, origin.trail)))
+            return None
+        return name
+
+    def _send(self, stmt: ast.SendStmt, origin: Origin, parts: _Parts) -> None:
+        target = self._target(stmt.target, origin)
+        source = self.evaluator.integer(stmt.source, origin, "send source stage")
+        dest = self.evaluator.integer(stmt.dest, origin, "send destination stage")
+        if target is not None and source is not None and dest is not None:
+            parts.sends.append(Send(target, source, dest, origin))
+
+    def _stage(self, stmt: ast.PipelineStageStmt, origin: Origin, parts: _Parts) -> None:
+        index = self.evaluator.integer(stmt.index, origin, "pipeline stage index")
+        members = [self._target(m, origin) for m in stmt.members]
+        if index is not None:
+            parts.stages.append(PipelineStage(index, tuple(m for m in members if m), origin))
+
+    def _algorithm(self, stmt: ast.AlgorithmStmt, origin: Origin, parts: _Parts) -> None:
+        name = stmt.name.name
+        if name not in vocab.ALGORITHMS:
+            self.collector.add(messages.unknown_name(
+                codes.UNKNOWN_ALGORITHM, "algorithm", name, vocab.ALGORITHMS,
+                Origin(stmt.name.span, origin.trail)))
+            return
+        targets = [self._target(t, origin) for t in stmt.targets]
+        axes = self._axes(stmt.axes, origin, f"algorithm {name}")
+        options = self._free_options(stmt.options, origin)
+        parts.algorithms.append(Algorithm(name, tuple(t for t in targets if t), axes, options,
+                                          origin))
+
+    def _free_options(self, options: tuple[ast.Option, ...], origin: Origin):
+        result = []
+        for option in options:
+            value = self.evaluator.option(option.value, Origin(option.span, origin.trail))
+            if value is not None:
+                result.append((option.key.name, value))
+        return tuple(result)
+
+    # ------------------------------------------------------------ optimizer
+
+    def _optimizer(self) -> Optimizer | None:
+        stmt, origin = self._header(ast.OptimizerDecl)
+        if stmt is None:
+            return None
+        kind = stmt.kind.name
+        if kind not in vocab.OPTIMIZER_HYPER:
+            self.collector.add(messages.unknown_name(
+                codes.UNKNOWN_OPTIMIZER, "optimizer", kind, tuple(vocab.OPTIMIZER_HYPER),
+                Origin(stmt.kind.span, origin.trail)))
+            return None
+        hyper = self._hyper(stmt, kind, origin)
+        shard = self._axes(stmt.shard_axes, origin, f"optimizer {kind} shard")
+        return Optimizer(kind, hyper, shard, origin)
+
+    def _hyper(self, stmt: ast.OptimizerDecl, kind: str, origin: Origin):
+        allowed = vocab.OPTIMIZER_HYPER[kind]
+        hyper: list[tuple[str, OptionValue]] = []
+        for option in stmt.options:
+            key, sub = option.key.name, Origin(option.span, origin.trail)
+            if key not in allowed:
+                self.collector.add(messages.unknown_name(
+                    codes.UNKNOWN_HYPERPARAMETER, f"hyper-parameter of {kind}", key, allowed,
+                    sub))
+                continue
+            value = self._hyper_value(option, sub)
+            if value is not None:
+                hyper.append((key, value))
+        given = {o.key.name for o in stmt.options}
+        for key in vocab.REQUIRED_HYPER:
+            if key not in given:
+                self.collector.add(messages.at(
+                    codes.MISSING_HYPERPARAMETER, f"optimizer {kind} needs '{key}='", origin,
+                    help=f"state the learning rate, e.g. '{key}=3e-4'"))
+        return tuple(hyper)
+
+    def _hyper_value(self, option: ast.Option, origin: Origin) -> OptionValue | None:
+        key, node = option.key.name, option.value
+        if key == "betas":
+            items = node.items if isinstance(node, ast.TupleValue) else ()
+            if len(items) != 2 or any(isinstance(i, ast.Path | ast.TupleValue) for i in items):
+                self._invalid_value(key, "a pair of numbers like (0.9, 0.95)", origin)
+                return None
+            values = tuple(self.evaluator.number(i, origin) for i in items)
+            return None if None in values else values
+        if isinstance(node, ast.Path | ast.TupleValue):
+            self._invalid_value(key, "a number", origin)
+            return None
+        return self.evaluator.number(node, origin)
+
+    def _clip(self) -> ClipGradNorm | None:
+        stmt, origin = self._header(ast.ClipGradNormDecl)
+        if stmt is None:
+            return None
+        value = self.evaluator.number(stmt.max_norm, origin)
+        for option in stmt.options:
+            if option.key.name not in vocab.CLIP_OPTIONS:
+                self.collector.add(unknown_option("clip-grad-norm", option.key.name,
+                                                  vocab.CLIP_OPTIONS,
+                                                  Origin(option.span, origin.trail)))
+        if value is None:
+            return None
+        if value <= 0:
+            self._invalid_value("clip-grad-norm", "a positive number", origin)
+            return None
+        options = tuple(o for o in stmt.options if o.key.name in vocab.CLIP_OPTIONS)
+        return ClipGradNorm(value, self._free_options(options, origin), origin)
+
+
+def _int(value: OptionValue | None) -> int | None:
+    return int(value) if isinstance(value, Fraction) else None

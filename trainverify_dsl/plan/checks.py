@@ -1,0 +1,401 @@
+"""Whole-plan semantic checks (no torch, no spec): input divisibility and pipeline stages.
+
+Each check first *detects* (a small finding value), then a builder turns findings into
+diagnostics. The layer count comes from ``stdlib/models/configs.json`` (read as JSON, the
+model is never imported); without it, coverage completeness is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainverify_dsl.plan import messages, vocab
+from trainverify_dsl.plan.model import (
+    GlobSeg,
+    IndexSeg,
+    Layout,
+    Mesh,
+    PipelineStage,
+    Plan,
+    SliceSeg,
+    TensorPattern,
+)
+from trainverify_dsl.plan.overlap import find_overlap_conflicts
+from trainverify_dsl.report import codes_plan as codes
+from trainverify_dsl.report.diagnostics import Collector, Diagnostic
+
+CONFIGS_JSON = Path("stdlib") / "models" / "configs.json"
+#: Without a known layer count, layer checks enumerate up to the largest bound written;
+#: beyond this many layers they are skipped (a typo like ``layers[0:10**9]`` must not hang).
+MAX_ASSUMED_LAYERS = 100_000
+
+
+def check_plan(plan: Plan, collector: Collector, project_root: Path) -> None:
+    if plan.mesh is None:
+        return
+    for finding in find_input_problems(plan):
+        collector.add(finding.diagnostic(plan.mesh))
+    for overlap in find_overlap_conflicts(plan.layouts):
+        collector.add(overlap.diagnostic(plan.mesh))
+    n_layers = layer_count(plan, project_root, collector)
+    for diagnostic in check_pipeline(plan, plan.mesh, n_layers):
+        collector.add(diagnostic)
+
+
+# ---------------------------------------------------------------- inputs (tokens, labels)
+
+
+@dataclass(frozen=True, slots=True)
+class NotDivisible:
+    layout: Layout
+    dim: int
+    size: int
+    axes: tuple[tuple[str, int], ...]
+    microbatches: int | None
+
+    def diagnostic(self, mesh: Mesh) -> Diagnostic:
+        divisor = 1
+        for _, n in self.axes:
+            divisor *= n
+        divisor *= self.microbatches or 1
+        origin = self.layout.origins[-1]
+        return messages.at(
+            codes.SPLIT_NOT_DIVISIBLE,
+            f"layout of '{self.layout.target}' does not divide evenly over {mesh.describe()}",
+            origin,
+            notes=[messages.not_divisible_note(self.dim, self.size, self.axes,
+                                               self.microbatches)],
+            help=f"make dimension {self.dim} a multiple of {divisor}, or split it over "
+                 f"fewer devices")
+
+
+@dataclass(frozen=True, slots=True)
+class RankMismatch:
+    layout: Layout
+    dim: int
+    names: tuple[str, ...]
+
+    def diagnostic(self, mesh: Mesh) -> Diagnostic:
+        return messages.at(
+            codes.LAYOUT_RANK_MISMATCH,
+            f"layout of '{self.layout.target}' names dimension {self.dim}, but it has "
+            f"{len(self.names)} dimensions",
+            self.layout.origins[-1],
+            notes=[f"'{self.layout.target}' has dimensions [{', '.join(self.names)}]"],
+            help="give one entry per tensor dimension")
+
+
+def find_input_problems(plan: Plan) -> list[NotDivisible | RankMismatch]:
+    assert plan.mesh is not None
+    findings: list[NotDivisible | RankMismatch] = []
+    sizes = {"batch": plan.spec.batch, "seq": plan.spec.seq} if plan.spec else {}
+    for layout in plan.layouts:
+        name = layout.target.head
+        if layout.target.grad or len(layout.target.segments) != 1 or name not in vocab.INPUT_DIMS:
+            continue
+        dim_names = vocab.INPUT_DIMS[name]
+        stated = max([layout.ndim or 0] + [dim + 1 for dim, _ in layout.dim_axes])
+        if stated > len(dim_names):
+            findings.append(RankMismatch(layout, stated - 1, dim_names))
+        for dim, axes in layout.dim_axes:
+            if dim >= len(dim_names):
+                continue
+            size = sizes.get(dim_names[dim])
+            microbatches = plan.microbatches if dim == 0 and plan.microbatches > 1 else None
+            sized = tuple((a, plan.mesh.size(a)) for a in axes)
+            divisor = plan.mesh.group_size(axes) * (microbatches or 1)
+            if size is not None and size % divisor != 0:
+                findings.append(NotDivisible(layout, dim, size, sized, microbatches))
+    return findings
+
+
+# ---------------------------------------------------------------- layer count
+
+
+def layer_count(plan: Plan, project_root: Path, collector: Collector) -> int | None:
+    """``n_layers`` of the spec's stdlib config, or ``None`` (user model, unknown config)."""
+    spec = plan.spec
+    if spec is None or spec.config is None or not spec.model.startswith("stdlib/"):
+        return None
+    configs = _read_configs(project_root / CONFIGS_JSON)
+    if configs is None:
+        return None
+    entry = configs.get(spec.config)
+    if not isinstance(entry, dict):
+        model_file = Path(spec.model.split(":")[0]).name
+        same_file = [k for k, v in configs.items()
+                     if isinstance(v, dict) and Path(str(v.get("file", ""))).name == model_file]
+        collector.add(messages.unknown_name(
+            codes.UNKNOWN_MODEL_CONFIG, f"config of {spec.model}", spec.config,
+            sorted(same_file or configs), spec.origin))
+        return None
+    n_layers = entry.get("n_layers")
+    return n_layers if isinstance(n_layers, int) and n_layers >= 0 else None
+
+
+def _read_configs(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# ---------------------------------------------------------------- pipeline
+
+
+def check_pipeline(plan: Plan, mesh: Mesh, n_layers: int | None) -> list[Diagnostic]:
+    if not plan.stages and not plan.sends:
+        return []
+    if not mesh.has("pp"):
+        first = plan.stages[0].origin if plan.stages else plan.sends[0].origin
+        return [messages.at(
+            codes.PIPELINE_WITHOUT_PP, "pipeline stages need a 'pp' mesh axis", first,
+            notes=[f"the mesh is {mesh.describe()}"],
+            help="add a pp axis to the mesh, e.g. 'mesh pp=2, ...'")]
+    pp = mesh.size("pp")
+    found = _range_problems(plan, pp)
+    stages = [s for s in plan.stages if 0 <= s.index < pp]
+    found += _duplicate_indices(stages) + _gaps(stages, pp) + _member_overlaps(stages)
+    found += _layer_problems(stages, n_layers, plan.schedule == "interleaved-1f1b")
+    return found
+
+
+def _range_problems(plan: Plan, pp: int) -> list[Diagnostic]:
+    found = []
+    checks = [(s.index, "pipeline-stage", s.origin) for s in plan.stages]
+    checks += [(i, f"send {s.target}", s.origin) for s in plan.sends for i in (s.source, s.dest)]
+    for index, construct, origin in checks:
+        if not 0 <= index < pp:
+            found.append(messages.at(
+                codes.STAGE_OUT_OF_RANGE, f"{construct} names stage {index}, but pp has size {pp}",
+                origin, notes=[f"valid stages: 0 .. {pp - 1}"],
+                help="number pipeline stages 0 .. pp-1"))
+    return found
+
+
+def _duplicate_indices(stages: list[PipelineStage]) -> list[Diagnostic]:
+    first: dict[int, PipelineStage] = {}
+    found = []
+    for stage in stages:
+        if stage.index in first:
+            found.append(messages.conflict(
+                codes.STAGE_OVERLAP, f"pipeline stage {stage.index} is declared twice",
+                first[stage.index].origin, stage.origin, [],
+                "list all members of a stage in one statement"))
+        first.setdefault(stage.index, stage)
+    return found
+
+
+def _gaps(stages: list[PipelineStage], pp: int) -> list[Diagnostic]:
+    declared = sorted({s.index for s in stages})
+    missing = [i for i in range(pp) if i not in declared]
+    if not declared or not missing:
+        return []
+    last = max(stages, key=lambda s: s.index)
+    return [messages.at(
+        codes.STAGE_GAP, f"pp rank(s) {', '.join(map(str, missing))} have no pipeline stage",
+        last.origin,
+        notes=[f"mesh axis 'pp' has size {pp}; stages declared: "
+               f"{', '.join(map(str, declared))}"],
+        help="declare one pipeline-stage per pp rank, numbered 0 .. pp-1")]
+
+
+def _member_overlaps(stages: list[PipelineStage]) -> list[Diagnostic]:
+    """Non-layer members (``embed``, ``norm``, ``layers.3.attention``) claimed twice."""
+    owners: list[tuple[TensorPattern, PipelineStage]] = []
+    found = []
+    for stage in stages:
+        for member in stage.members:
+            if _layer_selection(member) is not None:
+                continue
+            for other, owner in owners:
+                if owner.index != stage.index and _nested(member, other):
+                    found.append(messages.conflict(
+                        codes.STAGE_OVERLAP,
+                        f"'{member}' is in pipeline stage {stage.index} and '{other}' in "
+                        f"stage {owner.index}", owner.origin, stage.origin, [],
+                        "assign every module to exactly one stage"))
+            owners.append((member, stage))
+    return found
+
+
+def _nested(a: TensorPattern, b: TensorPattern) -> bool:
+    """Whether one concrete module path contains (or equals) the other."""
+    if not (a.is_concrete and b.is_concrete):
+        return str(a) == str(b)
+    short, long = sorted((a.segments, b.segments), key=len)
+    return long[: len(short)] == short
+
+
+# ---------------------------------------------------------------- layer ranges
+
+
+@dataclass(frozen=True, slots=True)
+class _Selection:
+    """A stage's selection of the layer list: all layers, an index, or a slice."""
+
+    stage: PipelineStage
+    member: TensorPattern
+    kind: str  # "all" | "index" | "slice"
+    index: int = 0
+    slice: SliceSeg | None = None
+
+    def layers(self, length: int) -> range:
+        if self.kind == "all":
+            return range(length)
+        if self.kind == "index":
+            return range(self.index, self.index + 1)
+        assert self.slice is not None
+        return self.slice.indices(length)
+
+
+def _layer_selection(member: TensorPattern) -> tuple[str, int, SliceSeg | None] | None:
+    if member.head != vocab.LAYER_LIST or member.grad or len(member.segments) > 2:
+        return None
+    if len(member.segments) == 1:
+        return ("all", 0, None)
+    seg = member.segments[1]
+    if isinstance(seg, GlobSeg) and seg.pattern == "*":
+        return ("all", 0, None)
+    if isinstance(seg, IndexSeg):
+        return ("index", seg.index, None)
+    if isinstance(seg, SliceSeg):
+        return ("slice", 0, seg)
+    return None
+
+
+def _selections(stages: list[PipelineStage]) -> list[_Selection]:
+    result = []
+    for stage in stages:
+        for member in stage.members:
+            found = _layer_selection(member)
+            if found is not None:
+                result.append(_Selection(stage, member, *found))
+    return result
+
+
+def _assumed_length(selections: list[_Selection]) -> int | None:
+    """Without a layer count: one past the largest explicit bound; ``None`` when a negative
+    bound makes the selection unknowable."""
+    bounds = [0]
+    for sel in selections:
+        if sel.kind == "index":
+            bounds.append(sel.index + 1)
+        elif sel.slice is not None:
+            parts = (sel.slice.start, sel.slice.stop)
+            if any(p is not None and p < 0 for p in parts) or (sel.slice.step or 1) < 0:
+                return None
+            bounds += [p + 1 for p in parts if p is not None]
+    return max(bounds) if max(bounds) <= MAX_ASSUMED_LAYERS else None
+
+
+def _layer_problems(stages: list[PipelineStage], n_layers: int | None,
+                    interleaved: bool) -> list[Diagnostic]:
+    selections = _selections(stages)
+    if not selections:
+        return []
+    length = n_layers if n_layers is not None else _assumed_length(selections)
+    if length is None or sum(len(s.layers(length)) for s in selections) > MAX_ASSUMED_LAYERS:
+        return []
+    owner: dict[int, _Selection] = {}
+    found = []
+    for sel in selections:
+        for layer in sel.layers(length):
+            earlier = owner.setdefault(layer, sel)
+            if earlier is not sel and earlier.stage.index != sel.stage.index:
+                found.append(_layer_overlap(layer, earlier, sel))
+                break
+    found += _parts_of_owned_layers(stages, owner)
+    if not interleaved and not found:
+        found += _order(selections, length)
+    if n_layers is not None:
+        found += _coverage(selections, set(owner), n_layers)
+    return found
+
+
+def _parts_of_owned_layers(stages: list[PipelineStage],
+                           owner: dict[int, _Selection]) -> list[Diagnostic]:
+    """``layers.3.attention`` in one stage while another stage holds all of layer 3."""
+    found = []
+    for stage in stages:
+        for member in stage.members:
+            segs = member.segments
+            if member.head != vocab.LAYER_LIST or len(segs) < 3 or not isinstance(
+                    segs[1], IndexSeg):
+                continue
+            holder = owner.get(segs[1].index)
+            if holder is not None and holder.stage.index != stage.index:
+                found.append(messages.conflict(
+                    codes.STAGE_OVERLAP,
+                    f"'{member}' is in pipeline stage {stage.index}, but stage "
+                    f"{holder.stage.index} holds all of '{holder.member}'",
+                    holder.stage.origin, stage.origin, [],
+                    "assign every module to exactly one stage"))
+    return found
+
+
+def _layer_overlap(layer: int, earlier: _Selection, later: _Selection) -> Diagnostic:
+    return messages.conflict(
+        codes.STAGE_OVERLAP,
+        f"layer {layer} is in pipeline stage {earlier.stage.index} ('{earlier.member}') and "
+        f"stage {later.stage.index} ('{later.member}')",
+        earlier.stage.origin, later.stage.origin, [],
+        "give each stage a disjoint range of layers")
+
+
+def _order(selections: list[_Selection], length: int) -> list[Diagnostic]:
+    spans: dict[int, tuple[int, int, PipelineStage]] = {}
+    for sel in selections:
+        layers = sel.layers(length)
+        if not layers:
+            continue
+        low, high = min(layers[0], layers[-1]), max(layers[0], layers[-1])
+        old = spans.get(sel.stage.index)
+        spans[sel.stage.index] = (low, high, sel.stage) if old is None else (
+            min(old[0], low), max(old[1], high), old[2])
+    found = []
+    ordered = sorted(spans.items())
+    pairs = zip(ordered, ordered[1:], strict=False)
+    for (index_a, (_, high_a, _)), (index_b, (low_b, _, stage_b)) in pairs:
+        if low_b <= high_a:
+            found.append(messages.at(
+                codes.STAGE_ORDER,
+                f"pipeline stage {index_b} starts at layer {low_b}, before the end of stage "
+                f"{index_a} (layer {high_a})", stage_b.origin,
+                notes=["stages must hold consecutive layer ranges in increasing order"],
+                help="assign layers to stages in order: stage k+1 starts where stage k ends"))
+    return found
+
+
+def _coverage(selections: list[_Selection], owned: set[int], n_layers: int) -> list[Diagnostic]:
+    found = []
+    for sel in selections:
+        if sel.kind == "index" and sel.index >= n_layers:
+            found.append(messages.at(
+                codes.STAGE_COVERAGE, f"'{sel.member}' names a layer beyond the last one",
+                sel.stage.origin, notes=[f"the model has {n_layers} layers (0 .. "
+                                         f"{n_layers - 1})"],
+                help="use layer indices below the layer count"))
+    missing = [i for i in range(n_layers) if i not in owned]
+    if missing:
+        last = max((s.stage for s in selections), key=lambda s: s.index)
+        found.append(messages.at(
+            codes.STAGE_COVERAGE,
+            f"pipeline stages leave {len(missing)} of {n_layers} layers unassigned",
+            last.origin, notes=[f"unassigned layers: {_ranges(missing)}"],
+            help="every layer must belong to exactly one pipeline stage"))
+    return found
+
+
+def _ranges(indices: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``layers[0:3], layers[5]`` (indices sorted, non-empty)."""
+    runs: list[list[int]] = [[indices[0], indices[0]]]
+    for index in indices[1:]:
+        if index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ", ".join(f"layers[{a}]" if a == b else f"layers[{a}:{b + 1}]" for a, b in runs)

@@ -1,0 +1,542 @@
+"""The resolved plan: flat, exact, free of templates, loops and imports (no torch, no AST).
+
+A ``Plan`` is what ``plan.resolve`` makes of a ``.tvp`` file and everything it uses. Every
+item keeps an ``Origin``: the span of the statement that produced it and the expansion trail
+(``use``/``for``/``apply`` sites, outermost first), so diagnostics can say "in template
+column_parallel, applied at plans/x.tvp:12:5". Numbers are exact ``Fraction``s.
+``plan_to_dict`` gives a JSON-able form with stable keys for auto-parallel tools.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from fractions import Fraction
+from math import prod
+
+from trainverify_dsl.report.span import Span
+
+# ---------------------------------------------------------------- origins
+
+
+@dataclass(frozen=True, slots=True)
+class ExpansionSite:
+    """One step of an expansion trail: ``kind`` is ``use``, ``for`` or ``apply``; ``name`` the
+    fragment path, loop variable or template name."""
+
+    kind: str
+    name: str
+    span: Span
+
+    def describe(self) -> str:
+        if self.kind == "apply":
+            return f"in template {self.name}, applied at {self.span}"
+        if self.kind == "for":
+            return f"in loop 'for {self.name}' at {self.span}"
+        return f"in {self.name}, used at {self.span}"
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a flat item came from: its statement's span plus the expansion trail."""
+
+    span: Span
+    trail: tuple[ExpansionSite, ...] = ()
+
+    @property
+    def report_span(self) -> Span:
+        """Where to report a problem: the outermost ``apply`` site (the line the user wrote)
+        when the statement comes from a template, else the statement itself."""
+        for site in self.trail:
+            if site.kind == "apply":
+                return site.span
+        return self.span
+
+    def notes(self) -> tuple[str, ...]:
+        """Trail notes, innermost first, naming the template statement when relocated."""
+        notes = [site.describe() for site in reversed(self.trail) if site.kind != "for"]
+        if self.report_span != self.span:
+            notes.insert(0, f"the statement is at {self.span}")
+        return tuple(notes)
+
+
+# ---------------------------------------------------------------- tensor patterns
+
+
+@dataclass(frozen=True, slots=True)
+class NameSeg:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class IndexSeg:
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class SliceSeg:
+    """A range of a module list, Python slice semantics; ``None`` = omitted."""
+
+    start: int | None
+    stop: int | None
+    step: int | None
+
+    def indices(self, length: int) -> range:
+        """The selected indices of a list of ``length`` (empty for a zero step)."""
+        if self.step == 0:
+            return range(0)
+        return range(*slice(self.start, self.stop, self.step).indices(length))
+
+    def contains(self, index: int, length: int | None = None) -> bool | None:
+        """Whether ``index`` is selected; ``None`` when unknowable without the list length."""
+        if length is not None:
+            return index in self.indices(length)
+        if any(bound is not None and bound < 0 for bound in (self.start, self.stop)):
+            return None
+        step = 1 if self.step is None else self.step
+        if step <= 0:
+            return None if step < 0 else False
+        start = self.start or 0
+        stop_ok = self.stop is None or index < self.stop
+        return start <= index and stop_ok and (index - start) % step == 0
+
+
+@dataclass(frozen=True, slots=True)
+class GlobSeg:
+    """Shell wildcards within one segment: ``*`` and ``?``."""
+
+    pattern: str
+
+
+PatternSegment = NameSeg | IndexSeg | SliceSeg | GlobSeg
+
+_GRAD_RE = re.compile(r"^grad\((.*)\)$")
+
+
+def _segment_text(seg: PatternSegment) -> str:
+    match seg:
+        case NameSeg(name):
+            return name
+        case IndexSeg(index):
+            return str(index)
+        case GlobSeg(pattern):
+            return pattern
+        case SliceSeg(start, stop, step):
+            text = f"{'' if start is None else start}:{'' if stop is None else stop}"
+            return text + ("" if step is None else f":{step}")
+    raise AssertionError(seg)
+
+
+def _segment_matches(seg: PatternSegment, part: str) -> bool:
+    match seg:
+        case NameSeg(name):
+            return part == name
+        case IndexSeg(index):
+            return part == str(index)
+        case GlobSeg(pattern):
+            return fnmatchcase(part, pattern)
+        case SliceSeg():
+            return part.isdigit() and seg.contains(int(part)) is True
+    raise AssertionError(seg)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorPattern:
+    """A resolved target: ``layers.*.attention.wq.weight``, ``layers[0:8]``, ``grad(params)``.
+
+    ``params`` stands for every parameter; ``matches`` treats it as matching any concrete
+    path that is not an activation (``.out``/``.in``) or a model input.
+    """
+
+    segments: tuple[PatternSegment, ...]
+    grad: bool = False
+    #: The canonical text, computed once (patterns are keys and message parts everywhere).
+    _text: str = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        text = ""
+        for seg in self.segments:
+            part = _segment_text(seg)
+            text += f"[{part}]" if isinstance(seg, SliceSeg) else ("." if text else "") + part
+        object.__setattr__(self, "_text", f"grad({text})" if self.grad else text)
+
+    def __str__(self) -> str:
+        return self._text
+
+    @property
+    def head(self) -> str | None:
+        first = self.segments[0] if self.segments else None
+        return first.name if isinstance(first, NameSeg) else None
+
+    @property
+    def is_concrete(self) -> bool:
+        return all(isinstance(seg, NameSeg | IndexSeg) for seg in self.segments)
+
+    def matches(self, path: str, *, prefix: bool = False) -> bool:
+        """Whether the concrete torch path (``layers.3.attention.wq.weight``, or
+        ``grad(...)`` of one) is selected. ``prefix=True`` also accepts paths inside a
+        selected module (``layers[0:8]`` contains ``layers.3.attention.wq.weight``)."""
+        grad_match = _GRAD_RE.match(path)
+        if bool(grad_match) != self.grad:
+            return False
+        parts = (grad_match.group(1) if grad_match else path).split(".")
+        if self.segments == (NameSeg("params"),):
+            return parts[-1] not in ("out", "in") and parts[0] not in ("tokens", "labels")
+        if len(parts) < len(self.segments) or (not prefix and len(parts) != len(self.segments)):
+            return False
+        pairs = zip(self.segments, parts, strict=False)
+        return all(_segment_matches(seg, part) for seg, part in pairs)
+
+
+def parse_pattern(text: str) -> TensorPattern:
+    """The pattern for a canonical string (inverse of ``str``), for tests and tools.
+    Accepts ``grad(...)``, dotted names, indices, globs and ``[a:b:c]`` slices."""
+    grad_match = _GRAD_RE.match(text)
+    body = grad_match.group(1) if grad_match else text
+    segments: list[PatternSegment] = []
+    for token in re.findall(r"\[[^\]]*\]|[^.\[\]]+", body):
+        if token.startswith("["):
+            inner = token[1:-1]
+            if ":" not in inner:
+                segments.append(IndexSeg(int(inner)))
+                continue
+            bounds = [int(b) if b.strip() else None for b in inner.split(":")] + [None]
+            segments.append(SliceSeg(bounds[0], bounds[1], bounds[2]))
+        elif token.isdigit():
+            segments.append(IndexSeg(int(token)))
+        elif "*" in token or "?" in token:
+            segments.append(GlobSeg(token))
+        else:
+            segments.append(NameSeg(token))
+    return TensorPattern(tuple(segments), grad=bool(grad_match))
+
+
+# ---------------------------------------------------------------- mesh
+
+
+@dataclass(frozen=True, slots=True)
+class MeshAxis:
+    name: str
+    size: int
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    """Named axes, outermost first; ranks are row-major (the last axis varies fastest)."""
+
+    axes: tuple[MeshAxis, ...]
+    span: Span
+    #: name -> size, derived from ``axes`` (lookups are hot in large plans).
+    _sizes: dict[str, int] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_sizes", {axis.name: axis.size for axis in self.axes})
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._sizes)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(axis.size for axis in self.axes)
+
+    @property
+    def total_devices(self) -> int:
+        return prod(self.shape)
+
+    def has(self, name: str) -> bool:
+        return name in self._sizes
+
+    def size(self, name: str) -> int:
+        if name not in self._sizes:
+            raise KeyError(f"mesh has no axis {name!r} (axes: {', '.join(self.names)})")
+        return self._sizes[name]
+
+    def group_size(self, names: tuple[str, ...] | list[str]) -> int:
+        """Number of ranks in a group that differ only along ``names``."""
+        return prod(self.size(name) for name in set(names))
+
+    def coords(self, rank: int) -> dict[str, int]:
+        if not 0 <= rank < self.total_devices:
+            raise ValueError(f"rank {rank} outside mesh of {self.total_devices} devices")
+        coords: dict[str, int] = {}
+        for axis in reversed(self.axes):
+            rank, coords[axis.name] = divmod(rank, axis.size)
+        return {name: coords[name] for name in self.names}
+
+    def rank(self, coords: dict[str, int]) -> int:
+        rank = 0
+        for axis in self.axes:
+            index = coords.get(axis.name, 0)
+            if not 0 <= index < axis.size:
+                raise ValueError(f"coordinate {axis.name}={index} outside 0..{axis.size - 1}")
+            rank = rank * axis.size + index
+        return rank
+
+    def describe(self) -> str:
+        """``Mesh(pp=4, dp=4, tp=8)``, the context line of layout diagnostics."""
+        return "Mesh(" + ", ".join(f"{a.name}={a.size}" for a in self.axes) + ")"
+
+
+# ---------------------------------------------------------------- layouts
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    dim: int
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate:
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclass(frozen=True, slots=True)
+class Partial:
+    op: str = "sum"
+
+    def __str__(self) -> str:
+        return f"P({self.op})"
+
+
+PlacementKind = Shard | Replicate | Partial
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The layout of one target pattern: one placement per mesh axis (mesh order) and, per
+    split dimension, its axes in block order (first outermost). ``origins`` are the
+    statements that set it, in program order."""
+
+    target: TensorPattern
+    placements: tuple[tuple[str, PlacementKind], ...]
+    dim_axes: tuple[tuple[int, tuple[str, ...]], ...]
+    origins: tuple[Origin, ...]
+    #: Number of tensor dimensions a ``split`` stated (its entry count), if any did.
+    ndim: int | None = None
+    #: The axes some statement placed explicitly (the others default to ``Replicate``).
+    stated_axes: tuple[str, ...] = ()
+
+    def placement(self, axis: str) -> PlacementKind:
+        for name, placement in self.placements:
+            if name == axis:
+                return placement
+        return Replicate()
+
+    def axes_of_dim(self, dim: int) -> tuple[str, ...]:
+        return dict(self.dim_axes).get(dim, ())
+
+    @property
+    def partial_axes(self) -> tuple[str, ...]:
+        return tuple(n for n, p in self.placements if isinstance(p, Partial))
+
+
+# ---------------------------------------------------------------- statements
+
+#: An option value: an exact number, a word, a path string, or a tuple of those.
+OptionValue = Fraction | str | tuple
+
+
+@dataclass(frozen=True, slots=True)
+class SpecRef:
+    model: str
+    config: str | None
+    batch: int | None
+    seq: int | None
+    settings: tuple[tuple[str, OptionValue], ...]
+    origin: Origin
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """A collective in program order. ``backward`` is the effective backward (the stated one
+    or the Megatron default); ``backward_stated`` says which."""
+
+    kind: str
+    target: TensorPattern
+    axes: tuple[str, ...]
+    op: str | None
+    dim: int | None
+    split_dim: int | None
+    concat_dim: int | None
+    backward: str
+    backward_stated: bool
+    options: tuple[tuple[str, OptionValue], ...]
+    origin: Origin
+
+
+#: Megatron defaults of each collective's backward (docs/language.md, "Collectives").
+DEFAULT_BACKWARD: dict[str, str] = {
+    "all-reduce": "identity",
+    "all-gather": "reduce-scatter",
+    "reduce-scatter": "all-gather",
+    "all-to-all": "all-to-all",
+    "copy": "all-reduce",
+    "scatter": "all-gather",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    target: TensorPattern
+    source: int
+    dest: int
+    origin: Origin
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineStage:
+    index: int
+    members: tuple[TensorPattern, ...]
+    origin: Origin
+
+
+@dataclass(frozen=True, slots=True)
+class Optimizer:
+    """``kind`` is ``sgd``, ``adam`` or ``adamw``; ``hyper`` maps names to exact values
+    (``betas`` a tuple); non-empty ``shard_axes`` means ZeRO-1."""
+
+    kind: str
+    hyper: tuple[tuple[str, OptionValue], ...]
+    shard_axes: tuple[str, ...]
+    origin: Origin
+
+    def get(self, name: str) -> OptionValue | None:
+        return dict(self.hyper).get(name)
+
+
+@dataclass(frozen=True, slots=True)
+class ClipGradNorm:
+    max_norm: Fraction
+    options: tuple[tuple[str, OptionValue], ...]
+    origin: Origin
+
+
+@dataclass(frozen=True, slots=True)
+class Algorithm:
+    name: str
+    targets: tuple[TensorPattern, ...]
+    axes: tuple[str, ...]
+    options: tuple[tuple[str, OptionValue], ...]
+    origin: Origin
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    name: str | None
+    file: str
+    spec: SpecRef | None
+    mesh: Mesh | None
+    microbatches: int
+    schedule: str | None
+    loss_scale: Fraction
+    layouts: tuple[Layout, ...]
+    collectives: tuple[Collective, ...]
+    sends: tuple[Send, ...]
+    stages: tuple[PipelineStage, ...]
+    optimizer: Optimizer | None
+    clip_grad_norm: ClipGradNorm | None
+    algorithms: tuple[Algorithm, ...]
+    #: Every file read, main file first, then ``use``d files in inclusion order.
+    files: tuple[str, ...] = ()
+
+    def layout_of(self, target: str) -> Layout | None:
+        """The layout declared for exactly this pattern (canonical string), if any."""
+        for layout in self.layouts:
+            if str(layout.target) == target:
+                return layout
+        return None
+
+    def stage_of(self, path: str) -> int | None:
+        """The pipeline stage whose members contain the concrete module/parameter path."""
+        for stage in self.stages:
+            if any(member.matches(path, prefix=True) for member in stage.members):
+                return stage.index
+        return None
+
+    def layouts_for(self, path: str) -> tuple[Layout, ...]:
+        """Every declared layout whose pattern selects the concrete path."""
+        return tuple(lay for lay in self.layouts if lay.target.matches(path))
+
+
+# ---------------------------------------------------------------- JSON form
+
+
+def exact(value: OptionValue | int | None) -> object:
+    """JSON form of an exact value: ints stay ints, other fractions become ``"1/16"``."""
+    if isinstance(value, Fraction):
+        return value.numerator if value.denominator == 1 else str(value)
+    if isinstance(value, tuple):
+        return [exact(item) for item in value]
+    return value
+
+
+def _origin_dict(origin: Origin) -> dict:
+    site = [{"kind": s.kind, "name": s.name, "at": str(s.span)} for s in origin.trail]
+    return {"at": str(origin.span), "trail": site}
+
+
+def _options_dict(options: tuple[tuple[str, OptionValue], ...]) -> dict:
+    return {key: exact(value) for key, value in options}
+
+
+def _layout_dict(layout: Layout) -> dict:
+    return {
+        "target": str(layout.target),
+        "placements": {axis: str(p) for axis, p in layout.placements},
+        "dims": {str(dim): list(axes) for dim, axes in layout.dim_axes},
+        "ndim": layout.ndim,
+        "stated_axes": list(layout.stated_axes),
+        "origins": [_origin_dict(o) for o in layout.origins],
+    }
+
+
+def _collective_dict(c: Collective) -> dict:
+    return {
+        "kind": c.kind, "target": str(c.target), "axes": list(c.axes), "op": c.op,
+        "dim": c.dim, "split_dim": c.split_dim, "concat_dim": c.concat_dim,
+        "backward": c.backward, "backward_stated": c.backward_stated,
+        "options": _options_dict(c.options), "origin": _origin_dict(c.origin),
+    }
+
+
+def _header_dict(plan: Plan) -> dict:
+    spec = None
+    if plan.spec is not None:
+        spec = {"model": plan.spec.model, "config": plan.spec.config, "batch": plan.spec.batch,
+                "seq": plan.spec.seq, "settings": _options_dict(plan.spec.settings)}
+    mesh = None
+    if plan.mesh is not None:
+        mesh = [{"name": a.name, "size": a.size} for a in plan.mesh.axes]
+    return {"name": plan.name, "file": plan.file, "files": list(plan.files), "spec": spec,
+            "mesh": mesh, "microbatches": plan.microbatches, "schedule": plan.schedule,
+            "loss_scale": exact(plan.loss_scale)}
+
+
+def plan_to_dict(plan: Plan) -> dict:
+    """A JSON-able dict with stable keys; exact numbers as ints or ``"p/q"`` strings."""
+    data = _header_dict(plan)
+    data["layouts"] = [_layout_dict(layout) for layout in plan.layouts]
+    data["collectives"] = [_collective_dict(c) for c in plan.collectives]
+    data["sends"] = [{"target": str(s.target), "from": s.source, "to": s.dest,
+                      "origin": _origin_dict(s.origin)} for s in plan.sends]
+    data["stages"] = [{"index": s.index, "members": [str(m) for m in s.members],
+                       "origin": _origin_dict(s.origin)} for s in plan.stages]
+    opt = plan.optimizer
+    data["optimizer"] = None if opt is None else {
+        "kind": opt.kind, "hyper": _options_dict(opt.hyper), "shard_axes": list(opt.shard_axes),
+        "origin": _origin_dict(opt.origin)}
+    clip = plan.clip_grad_norm
+    data["clip_grad_norm"] = None if clip is None else {
+        "max_norm": exact(clip.max_norm), "options": _options_dict(clip.options),
+        "origin": _origin_dict(clip.origin)}
+    data["algorithms"] = [{"name": a.name, "targets": [str(t) for t in a.targets],
+                           "axes": list(a.axes), "options": _options_dict(a.options),
+                           "origin": _origin_dict(a.origin)} for a in plan.algorithms]
+    return data

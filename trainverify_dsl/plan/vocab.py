@@ -1,0 +1,59 @@
+"""The fixed vocabulary the resolver checks names against (one table per kind of name)."""
+
+from __future__ import annotations
+
+REDUCE_OPS = ("sum", "avg", "max", "min")
+
+#: Options each collective accepts; required ones are listed in ``REQUIRED_OPTIONS``.
+COLLECTIVE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "all-reduce": ("op",),
+    "all-gather": ("dim",),
+    "reduce-scatter": ("dim", "op"),
+    "all-to-all": ("split-dim", "concat-dim"),
+    "copy": (),
+    "scatter": ("dim",),
+}
+
+REQUIRED_OPTIONS: dict[str, tuple[str, ...]] = {
+    "all-reduce": (),
+    "all-gather": ("dim",),
+    "reduce-scatter": ("dim",),
+    "all-to-all": ("split-dim", "concat-dim"),
+    "copy": (),
+    "scatter": ("dim",),
+}
+
+#: Reduce ops each collective (and ``partial``) accepts for ``op=``.
+COLLECTIVE_REDUCE_OPS: dict[str, tuple[str, ...]] = {
+    "all-reduce": ("sum", "avg", "max", "min"),
+    "reduce-scatter": ("sum", "avg"),
+    "partial": REDUCE_OPS,
+}
+
+BACKWARD_KINDS = ("identity", "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "scatter")
+
+PARTIAL_OPTIONS = ("op",)
+CLIP_OPTIONS = ("norm-type",)
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+ALGORITHMS = (
+    "vocab-parallel-embedding",
+    "vocab-parallel-cross-entropy",
+    "context-parallel-attention",
+    "expert-parallel",
+)
+
+#: Hyper-parameters per optimizer kind; ``lr`` is required for every kind.
+OPTIMIZER_HYPER: dict[str, tuple[str, ...]] = {
+    "sgd": ("lr", "momentum", "weight-decay"),
+    "adam": ("lr", "betas", "eps", "weight-decay"),
+    "adamw": ("lr", "betas", "eps", "weight-decay"),
+}
+REQUIRED_HYPER = ("lr",)
+
+#: Model inputs whose dimensions the spec line fixes: dims are (``batch``, ``seq``).
+INPUT_DIMS: dict[str, tuple[str, ...]] = {"tokens": ("batch", "seq"), "labels": ("batch", "seq")}
+
+#: The module list pipeline stages must cover in order.
+LAYER_LIST = "layers"

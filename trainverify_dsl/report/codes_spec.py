@@ -1,5 +1,103 @@
-"""Diagnostic codes of the spec stage (see report/codes.py for id ranges)."""
+"""Diagnostic codes of the spec stage (see report/codes.py for id ranges).
 
-from trainverify_dsl.report.diagnostics import Code, Severity  # noqa: F401
+The spec stage loads a torch model and traces its training step into the IR. Its examples
+are ``spec`` lines of a plan (the model reference is where these problems originate).
+"""
 
-CODES: tuple[Code, ...] = ()
+from trainverify_dsl.report.diagnostics import Code, Severity
+
+MODEL_NOT_FOUND = Code(
+    "TVP301", "model-not-found", Severity.ERROR,
+    "the model reference names no file, class or config",
+    what="The model reference (`file.py:Class` or a config name from "
+         "stdlib/models/configs.json) does not resolve to a model class.",
+    why="Without the single-device model there is no spec to prove the plan against.",
+    example='spec "stdlib/models/lama.py:Llama" config llama3_8b',
+    fix='spec "stdlib/models/llama.py:Llama" config llama3_8b',
+)
+
+CONFIG_NOT_FOUND = Code(
+    "TVP302", "config-not-found", Severity.ERROR,
+    "the model has no config of this name",
+    what="The config name is not a key of stdlib/models/configs.json (or the model's "
+         "`from_config_name` rejected it).",
+    why="Real dimensions come from the config; a misspelt one would trace another model.",
+    example='spec "stdlib/models/llama.py:Llama" config llama3_8c',
+    fix='spec "stdlib/models/llama.py:Llama" config llama3_8b',
+)
+
+MODEL_LOAD_FAILED = Code(
+    "TVP303", "model-load-failed", Severity.ERROR,
+    "importing or constructing the model raised an exception",
+    what="The model file could not be imported, or constructing the model (on fake "
+         "tensors) raised an exception, for example a bad config override.",
+    why="The model must be constructible with the given config to be traced.",
+    example='spec "stdlib/models/llama.py:Llama" config llama3_8b n_heads=7',
+    fix='spec "stdlib/models/llama.py:Llama" config llama3_8b',
+)
+
+UNSUPPORTED_OP = Code(
+    "TVP304", "unsupported-op", Severity.ERROR,
+    "the traced model uses an ATen op the IR cannot express",
+    what="After Core-ATen decomposition the training step contains an op with no IR "
+         "equivalent (for example complex numbers or `div` with rounding).",
+    why="The checker can only prove what the IR expresses; a silently skipped op would make "
+        "any verdict meaningless.",
+    example="# model code: torch.view_as_complex(x) in the rotary embedding",
+    fix="# model code: rotary embedding with real cos/sin and rotate_half",
+)
+
+DATA_DEPENDENT_SHAPE = Code(
+    "TVP305", "data-dependent-shape", Severity.ERROR,
+    "a tensor's shape depends on tensor values",
+    what="The model computes a shape from data (`nonzero`, boolean masking, `torch.where` "
+         "with one argument) or reads a tensor value in Python (`.item()`, a tensor constant "
+         "built in forward), which cannot be traced with static shapes.",
+    why="The spec IR has static shapes so that plans can be checked for every input.",
+    example="# model code: tokens, slots = torch.where(routing_mask)",
+    fix="# model code: dense routing weights via scatter into a [tokens, experts] matrix",
+)
+
+TRACE_FAILED = Code(
+    "TVP306", "trace-failed", Severity.ERROR,
+    "torch could not trace the model's training step",
+    what="torch.export or AOTAutograd raised an error while tracing forward and backward on "
+         "fake tensors.",
+    why="Only a traced step can be compared with the plan.",
+    example="# model code: forward returns a tuple instead of the scalar loss",
+    fix="# model code: forward(**inputs) returns the scalar loss",
+)
+
+BAD_INPUT_SPEC = Code(
+    "TVP307", "bad-input-spec", Severity.ERROR,
+    "the model's input specs are malformed",
+    what="`input_specs(batch, seq)` must map each forward argument name to (shape, dtype).",
+    why="The tracer builds its example inputs from these specs.",
+    example='spec "stdlib/models/llama.py:Llama" config llama3_8b batch 0 seq 8',
+    fix='spec "stdlib/models/llama.py:Llama" config llama3_8b batch 4 seq 8',
+)
+
+IR_INVALID = Code(
+    "TVP308", "ir-invalid", Severity.ERROR,
+    "the traced IR failed verification (an internal error)",
+    what="The IR verifier found a node whose type, arity or operands break an invariant.",
+    why="The IR is the trusted base of every proof; a malformed IR cannot be checked.",
+    example="# an internal error: please report it with the printed IR excerpt",
+    fix="# nothing to change in the model; report the bug",
+)
+
+BLOCK_REUSE_FALLBACK = Code(
+    "TVP309", "block-reuse-fallback", Severity.WARNING,
+    "identical layers could not be traced once and reused",
+    what="The tracer could not cut the model at its block list (a block returns a tuple, "
+         "changes the hidden shape, or gets a gradient-carrying extra input), so it traced "
+         "the whole model flat.",
+    why="A flat trace of a large model is slow and its proof cannot reuse one block proof.",
+    example="# model code: for layer in self.layers: x, aux = layer(x)",
+    fix="# model code: for layer in self.layers: x = layer(x)",
+)
+
+CODES: tuple[Code, ...] = (
+    MODEL_NOT_FOUND, CONFIG_NOT_FOUND, MODEL_LOAD_FAILED, UNSUPPORTED_OP,
+    DATA_DEPENDENT_SHAPE, TRACE_FAILED, BAD_INPUT_SPEC, IR_INVALID, BLOCK_REUSE_FALLBACK,
+)

@@ -1,0 +1,155 @@
+"""Optimizer steps as IR, appended to a traced training step.
+
+Each optimizer is a frozen config; ``append_optimizer`` adds, for every parameter ``p``, a call
+of an elementwise update graph (one graph per distinct parameter type, reused across
+parameters) reading ``p``, ``grad(p)`` and the states, and producing ``new(p)`` and the new
+states. States are program inputs of kind ``state`` named ``m(p)``/``v(p)`` (Adam) or
+``momentum(p)`` (SGD with momentum), outputs ``new(m(p))``... The step number ``t`` and the
+hyperparameters are constants in the update graph. The arithmetic follows ``torch.optim``'s
+single-tensor (``foreach=False``) implementation, in the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from trainverify_dsl.ir.graph import Graph, GraphBuilder, GraphInput, Origin
+from trainverify_dsl.ir.program import Call, Program
+from trainverify_dsl.ir.types import TensorType
+from trainverify_dsl.spec.program import SpecProgram
+
+OPTIMIZER_ORIGIN = Origin(phase="optimizer")
+
+
+@dataclass(frozen=True, slots=True)
+class SGD:
+    """torch.optim.SGD: weight decay, momentum (buffer = grad on step 1), dampening, nesterov."""
+
+    lr: float
+    momentum: float = 0.0
+    dampening: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+    step: int = 1
+
+    @property
+    def states(self) -> tuple[str, ...]:
+        return ("momentum",) if self.momentum else ()
+
+
+@dataclass(frozen=True, slots=True)
+class Adam:
+    """torch.optim.Adam (L2 weight decay added to the gradient) at step ``step``."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    step: int = 1
+    decoupled: bool = False
+
+    @property
+    def states(self) -> tuple[str, ...]:
+        return ("m", "v")
+
+
+def AdamW(lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+          weight_decay: float = 0.01, step: int = 1) -> Adam:
+    """torch.optim.AdamW: decoupled weight decay ``p *= 1 - lr * wd`` before the Adam step."""
+    return Adam(lr, betas, eps, weight_decay, step, decoupled=True)
+
+
+Optimizer = SGD | Adam
+
+
+class _Ops:
+    """Elementwise helpers over one update graph; scalars become 0-d constants."""
+
+    def __init__(self, builder: GraphBuilder, type_: TensorType) -> None:
+        self.b, self.type = builder, type_
+
+    def c(self, value: float) -> int:
+        return self.b.add("full", (), {"shape": (), "value": float(value),
+                                       "dtype": self.type.dtype}, origin=OPTIMIZER_ORIGIN)
+
+    def op(self, name: str, *operands: int) -> int:
+        return self.b.add(name, operands, origin=OPTIMIZER_ORIGIN)
+
+    def scale(self, x: int, k: float) -> int:
+        return self.op("mul", x, self.c(k))
+
+    def axpy(self, x: int, k: float, y: int) -> int:
+        """x + k * y"""
+        return self.op("add", x, self.scale(y, k))
+
+
+def _sgd_graph(opt: SGD, type_: TensorType) -> Graph:
+    b = GraphBuilder()
+    p, g = b.add_input("param", "param", type_), b.add_input("grad", "activation", type_)
+    buf = b.add_input("momentum", "state", type_) if opt.momentum else None
+    o = _Ops(b, type_)
+    if opt.weight_decay:
+        g = o.axpy(g, opt.weight_decay, p)
+    if buf is not None:
+        if opt.step > 1:
+            buf = o.axpy(o.scale(buf, opt.momentum), 1.0 - opt.dampening, g)
+        else:
+            buf = g
+        g = o.axpy(g, opt.momentum, buf) if opt.nesterov else buf
+    b.add_output("new(param)", o.axpy(p, -opt.lr, g))
+    if buf is not None:
+        b.add_output("new(momentum)", buf)
+    return b.build()
+
+
+def _adam_graph(opt: Adam, type_: TensorType) -> Graph:
+    b = GraphBuilder()
+    p, g = b.add_input("param", "param", type_), b.add_input("grad", "activation", type_)
+    m, v = b.add_input("m", "state", type_), b.add_input("v", "state", type_)
+    o = _Ops(b, type_)
+    beta1, beta2 = opt.betas
+    if opt.weight_decay and opt.decoupled:
+        p = o.scale(p, 1.0 - opt.lr * opt.weight_decay)
+    elif opt.weight_decay:
+        g = o.axpy(g, opt.weight_decay, p)
+    m = o.axpy(m, 1.0 - beta1, o.op("sub", g, m))  # torch: m.lerp_(g, 1 - beta1)
+    v = o.axpy(o.scale(v, beta2), 1.0 - beta2, o.op("mul", g, g))
+    correction1 = 1.0 - beta1 ** opt.step
+    correction2_sqrt = (1.0 - beta2 ** opt.step) ** 0.5
+    denom = o.op("add", o.op("div", o.op("sqrt", v), o.c(correction2_sqrt)), o.c(opt.eps))
+    step = o.op("div", m, denom)
+    b.add_output("new(param)", o.axpy(p, -opt.lr / correction1, step))
+    b.add_output("new(m)", m)
+    b.add_output("new(v)", v)
+    return b.build()
+
+
+def update_graph(opt: Optimizer, type_: TensorType) -> Graph:
+    """The elementwise update of one parameter of type ``type_``."""
+    return _sgd_graph(opt, type_) if isinstance(opt, SGD) else _adam_graph(opt, type_)
+
+
+def _graph_name(type_: TensorType) -> str:
+    return f"optimizer.{type_.dtype}[{','.join(map(str, type_.shape))}]"
+
+
+def append_optimizer(spec: SpecProgram, opt: Optimizer) -> SpecProgram:
+    """``spec`` with an update call per parameter and outputs ``new(p)``, ``new(<state>(p))``."""
+    program = spec.program
+    graphs, calls = dict(program.graphs), list(program.calls)
+    states, outputs = [], list(program.outputs)
+    defined = {tensor for _, tensor in program.outputs}
+    for param in spec.params:
+        if f"grad({param.name})" not in defined:
+            continue
+        name = _graph_name(param.type)
+        graphs.setdefault(name, update_graph(opt, param.type))
+        state_names = [f"{s}({param.name})" for s in opt.states]
+        states += [GraphInput(s, "state", param.type) for s in state_names]
+        results = [f"new({param.name})"] + [f"new({s})" for s in state_names]
+        calls.append(Call(name, (param.name, f"grad({param.name})", *state_names),
+                          tuple(results), label=f"{param.name} update"))
+        outputs += [(r, r) for r in results]
+    new_program = Program(program.inputs + tuple(states), tuple(graphs.items()), tuple(calls),
+                          tuple(outputs))
+    return replace(spec, program=new_program)

@@ -1,0 +1,485 @@
+"""Trace a model's training step (forward + backward) into a ``SpecProgram``.
+
+Everything runs on fake tensors (``FakeTensorMode``), so a 405B-parameter model costs no
+memory. Each piece is traced with ``torch.export`` (non-strict, which records
+``nn_module_stack`` on every node) and then ``aot_export_joint_with_descriptors`` with
+Core-ATen decompositions (which maps each backward node to its forward node's module path,
+``fwd_nn_module_stack``); attention runs under the math SDPA backend.
+
+Block reuse: the largest ``nn.ModuleList`` is the block list. The outer model is traced with
+the list replaced by a ``BlockStub`` (cut ops mark the block inputs and the final block output);
+each distinct block (same class, parameter shapes, simple attributes and input types) is traced
+once on its own, with a tangent input for its output. The joint graphs are split into forward
+and backward phases and composed in a ``Program`` that calls the block graphs once per layer
+with that layer's parameter names. ``reuse=False`` traces the whole model as one graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import enum
+import time
+import traceback
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainverify_dsl.ir.graph import Graph, GraphInput
+from trainverify_dsl.ir.program import Program, program_problems
+from trainverify_dsl.ir.split import split_phases
+from trainverify_dsl.ir.types import TensorType
+from trainverify_dsl.report import codes_spec as codes
+from trainverify_dsl.spec.compose import Pieces, compose, step_call
+from trainverify_dsl.spec.convert import DTYPES
+from trainverify_dsl.spec.cut import ANCHOR, BlockStub
+from trainverify_dsl.spec.errors import SpecError, fail
+from trainverify_dsl.spec.fx_import import UnsupportedOps, import_joint
+from trainverify_dsl.spec.program import BlockGroup, SpecProgram
+
+#: name -> (shape, dtype), in forward-argument order
+InputSpecs = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+class _NoReuse(Exception):
+    """Block reuse is impossible for this model; the reason is a note."""
+
+
+def _fake_mode_of(model: nn.Module) -> Any:
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if isinstance(tensor, FakeTensor):
+            return tensor.fake_mode
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def _fakeify(model: nn.Module, mode: Any) -> nn.Module:
+    """A copy of a real-valued model whose parameters and buffers are fake (same names)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if all(isinstance(t, FakeTensor) for t in list(model.parameters()) + list(model.buffers())):
+        return model
+    fake = copy.deepcopy(model)
+    converted: dict[int, Any] = {}  # shared (tied) tensors stay shared
+    for module in fake.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                if id(p) not in converted:
+                    converted[id(p)] = nn.Parameter(mode.from_tensor(p.detach()),
+                                                    requires_grad=p.requires_grad)
+                module._parameters[name] = converted[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                module._buffers[name] = converted.setdefault(id(b), mode.from_tensor(b))
+    return fake
+
+
+def _example_inputs(specs: InputSpecs) -> tuple[torch.Tensor, ...]:
+    inputs = []
+    for name, (shape, dtype) in specs.items():
+        if any(int(s) <= 0 for s in shape):
+            raise fail(codes.BAD_INPUT_SPEC, f"input {name!r} has shape {tuple(shape)}")
+        inputs.append(torch.zeros(tuple(int(s) for s in shape), dtype=dtype))
+    return tuple(inputs)
+
+
+def _joint(module: nn.Module, args: tuple[Any, ...]) -> torch.fx.GraphModule:
+    from torch._decomp import core_aten_decompositions, get_decompositions
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+
+    decompositions = dict(core_aten_decompositions())
+    aten = torch.ops.aten
+    decompositions.update(get_decompositions([aten.native_layer_norm,
+                                              aten.native_layer_norm_backward]))
+    exported = torch.export.export(module, args, strict=False)
+    with contextlib.ExitStack() as stack:
+        joint = aot_export_joint_with_descriptors(stack, exported.module(), args,
+                                                  decompositions=decompositions)
+        return joint.graph_module
+
+
+def _desc_kind(desc: Any) -> str:
+    return type(desc).__name__
+
+
+def canonical_names(model: nn.Module) -> dict[str, str]:
+    """Every name of a (possibly shared) parameter or buffer -> its first name (the one
+    ``named_parameters()`` reports); tied weights thus have one input and one gradient."""
+    first: dict[int, str] = {}
+    names: dict[str, str] = {}
+    for name, tensor in list(model.named_parameters(remove_duplicate=False)) + list(
+            model.named_buffers(remove_duplicate=False)):
+        names[name] = first.setdefault(id(tensor), name)
+    return names
+
+
+def _outer_namer(data_names: list[str], names: dict[str, str]) -> Any:
+    def name_input(desc: Any) -> tuple[str | None, str]:
+        kind = _desc_kind(desc)
+        if kind == "ParamAOTInput" and names.get(desc.target) == "":
+            return None, "param"  # the stub anchor: a constant nobody reads
+        if kind == "ParamAOTInput":
+            return names.get(desc.target, desc.target), "param"
+        if kind == "BufferAOTInput":
+            return names.get(desc.target, desc.target), "buffer"
+        if kind == "PlainAOTInput":
+            return data_names[desc.idx], "data"
+        if kind == "TangentAOTInput":
+            return None, "tangent"
+        raise UnsupportedOps([])
+
+    return name_input
+
+
+def _outer_output(names: dict[str, str]) -> Any:
+    def name_output(desc: Any) -> str | None:
+        kind = _desc_kind(desc)
+        if kind == "PlainAOTOutput" and desc.idx == 0:
+            return "loss"
+        if kind == "GradAOTOutput" and _desc_kind(desc.grad_of) == "ParamAOTInput":
+            name = names.get(desc.grad_of.target, desc.grad_of.target)
+            return f"grad({name})" if name else None
+        return None
+
+    return name_output
+
+
+def _block_input(desc: Any) -> tuple[str | None, str]:
+    kind = _desc_kind(desc)
+    if kind in ("ParamAOTInput", "BufferAOTInput"):
+        prefix = "block."
+        target = desc.target[len(prefix):] if desc.target.startswith(prefix) else desc.target
+        return target, "param" if kind == "ParamAOTInput" else "buffer"
+    if kind == "PlainAOTInput":
+        return f"in.{desc.idx}", "activation"
+    if kind == "TangentAOTInput":
+        return "grad(out)", "tangent"
+    raise UnsupportedOps([])
+
+
+def _block_output(desc: Any) -> str | None:
+    kind = _desc_kind(desc)
+    if kind == "PlainAOTOutput" and desc.idx == 0:
+        return "out"
+    if kind == "GradAOTOutput":
+        of = desc.grad_of
+        if _desc_kind(of) == "ParamAOTInput":
+            return f"grad({of.target.removeprefix('block.')})"
+        if _desc_kind(of) == "PlainAOTInput" and of.idx == 0:
+            return "grad(in.0)"
+    return None
+
+
+class _BlockCall(nn.Module):
+    """Calls ``block`` with the captured non-tensor arguments baked in."""
+
+    def __init__(self, block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        super().__init__()
+        self.block = block
+        self.template = (args, kwargs)
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        feed = iter(tensors)
+        args, kwargs = self.template
+        call_args = [next(feed) if isinstance(a, torch.Tensor) else a for a in args]
+        call_kwargs = {k: next(feed) if isinstance(v, torch.Tensor) else v
+                       for k, v in kwargs.items()}
+        return self.block(*call_args, **call_kwargs)
+
+
+def find_block_list(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
+    """The ``nn.ModuleList`` holding the most parameters (the transformer blocks), if any."""
+    best, best_size = None, 0
+    for path, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0 and path:
+            size = sum(p.numel() for p in module.parameters())
+            if size > best_size:
+                best, best_size = (path, module), size
+    return best
+
+
+#: Attributes every ``nn.Module`` has: torch's bookkeeping, described separately (hooks) or not
+#: at all (the parameter/buffer/submodule tables are covered by the tensor part of the key).
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+_HOOK_TABLES = tuple(n for n in _MODULE_INTERNALS if "hook" in n)
+_SIMPLE = (int, float, complex, str, bytes, bool, type(None), torch.dtype, torch.device)
+_MAX_DEPTH = 8
+
+
+class _Opaque(Exception):
+    """An attribute whose effect on the computation ``block_key`` cannot describe."""
+
+
+def _describe(value: Any, depth: int = 0) -> Any:
+    """A hashable, canonical description of an attribute value, or ``_Opaque``. Containers and
+    dataclasses are described through their contents; plain named functions by their qualified
+    name; anything else (closures, lambdas, arbitrary objects) is opaque."""
+    if isinstance(value, _SIMPLE):
+        return (type(value).__name__, repr(value))
+    if depth >= _MAX_DEPTH:
+        raise _Opaque
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [_describe(v, depth + 1) for v in value]
+        return (type(value).__name__, tuple(sorted(items, key=repr) if isinstance(
+            value, set | frozenset) else items))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((repr(k), _describe(v, depth + 1))
+                                     for k, v in value.items())))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__qualname__, tuple(
+            (f.name, _describe(getattr(value, f.name), depth + 1))
+            for f in dataclasses.fields(value)))
+    if isinstance(value, enum.Enum):
+        return (type(value).__qualname__, value.name)
+    if isinstance(value, types.FunctionType | types.BuiltinFunctionType) and not getattr(
+            value, "__closure__", None) and value.__name__ != "<lambda>":
+        return ("function", value.__module__, value.__qualname__)
+    raise _Opaque
+
+
+def _module_attrs(block: nn.Module) -> tuple[Any, ...]:
+    """Every submodule's class and every attribute torch does not own, described exactly;
+    ``_Opaque`` when one cannot be (or when a per-instance hook is registered)."""
+    items = []
+    for path, module in block.named_modules():
+        if any(getattr(module, table, None) for table in _HOOK_TABLES):
+            raise _Opaque
+        cls = type(module)
+        items.append((path, cls.__module__, cls.__qualname__))
+        for key, value in sorted(vars(module).items()):
+            if key not in _MODULE_INTERNALS:
+                items.append((path, key, _describe(value)))
+    return tuple(items)
+
+
+def block_key(block: nn.Module, in_types: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Blocks with equal keys compute the same function of (their parameters, inputs): same
+    classes (per submodule), parameter/buffer names and types, every instance attribute
+    (a stored ``layer_id``, a list of scales, a config dataclass) and input types. ``None``
+    when some attribute cannot be described exactly (a closure, an arbitrary object, a hook):
+    the caller then traces that block itself and groups it by its traced graph. What the key
+    cannot see is code shared by all instances of a class (module globals), which is the same
+    for every layer by construction."""
+    tensors = [(n, tuple(t.shape), t.dtype, t.requires_grad)
+               for n, t in list(block.named_parameters()) + list(block.named_buffers())]
+    try:
+        attrs = _module_attrs(block)
+    except _Opaque:
+        return None
+    return (tuple(tensors), in_types, attrs)
+
+
+def _tensor_types(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    values = list(args) + list(kwargs.values())
+    return tuple((tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else repr(v)
+                 for v in values)
+
+
+def _trace_block(block: nn.Module, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> tuple[Graph, Graph]:
+    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+    inputs = [tensors[0].detach().requires_grad_(True)] + [t.detach() for t in tensors[1:]]
+    gm = _joint(_BlockCall(block, args, kwargs), tuple(inputs))
+    graph = import_joint(gm, _block_input, _block_output, strip="block")
+    if "out" not in graph.output_names or graph.value_type(graph.output_value("out")) != \
+            graph.inputs[graph.input_index("in.0")].type:
+        raise _NoReuse("a block's output type differs from its hidden-state input")
+    forward, backward = split_phases(graph, {"grad(out)": 1}, 2)
+    return forward, backward
+
+
+def _capture_stubstep_call(model: nn.Module, list_path: str,
+                       inputs: tuple[torch.Tensor, ...]) -> tuple[BlockStub, nn.ModuleList]:
+    parent_path, _, attr = list_path.rpartition(".")
+    parent = model.get_submodule(parent_path)
+    original = getattr(parent, attr)
+    stub = BlockStub()
+    setattr(parent, attr, nn.ModuleList([stub]))
+    try:
+        model(*inputs)
+    finally:
+        setattr(parent, attr, original)
+    if len(stub.calls) != 1:
+        raise _NoReuse(f"the block list {list_path!r} is not called as a loop over layers")
+    return stub, original
+
+
+def _trace_outer(model: nn.Module, list_path: str, inputs: tuple[torch.Tensor, ...],
+                 data_names: list[str]) -> list[Graph]:
+    parent_path, _, attr = list_path.rpartition(".")
+    parent = model.get_submodule(parent_path)
+    original = getattr(parent, attr)
+    setattr(parent, attr, nn.ModuleList([BlockStub()]))
+    try:
+        gm = _joint(model, inputs)
+        names = canonical_names(model)
+    finally:
+        setattr(parent, attr, original)
+    names[f"{list_path}.0.{ANCHOR}"] = ""  # the stub's anchor: not a model parameter
+    graph = import_joint(gm, _outer_namer(data_names, names), _outer_output(names))
+    return split_phases(graph, {"block_out": 1, "grad(block_in.0)": 2}, 3)
+
+
+def _trace_pieces(model: nn.Module, inputs: tuple[torch.Tensor, ...],
+                  data_names: list[str], exact: bool) -> Pieces:
+    found = find_block_list(model)
+    if found is None:
+        raise _NoReuse("the model has no nn.ModuleList of blocks")
+    list_path, blocks = found
+    stub, _ = _capture_stubstep_call(model, list_path, inputs)
+    args, kwargs = stub.calls[0]
+    tensors = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]
+    if any(t.requires_grad for t in tensors[1:]):
+        raise _NoReuse("a block receives a gradient-carrying tensor besides the hidden state")
+    sample = blocks[0](*args, **kwargs)
+    if not isinstance(sample, torch.Tensor) or (sample.shape, sample.dtype) != (
+            tensors[0].shape, tensors[0].dtype):
+        raise _NoReuse("a block does not return one tensor shaped like its hidden-state input")
+    in_types = _tensor_types(args, kwargs)
+    groups: dict[Any, str] = {}
+    traced: dict[str, tuple[Graph, Graph]] = {}
+    layer_graph = []
+    for block in blocks:
+        # Group by block_key (classes, tensor types, every attribute, input types); a block
+        # the key cannot describe, and every block when exact, is traced and grouped by its
+        # traced graphs themselves.
+        key = None if exact else block_key(block, in_types)
+        graphs = _trace_block(block, args, kwargs) if key is None else None
+        key = graphs if key is None else key
+        if key not in groups:
+            groups[key] = f"block{len(groups)}"
+            traced[groups[key]] = graphs or _trace_block(block, args, kwargs)
+        layer_graph.append(groups[key])
+    outer = _trace_outer(model, list_path, inputs, data_names)
+    return Pieces(outer, traced, layer_graph, list_path)
+
+
+def _flat_program(model: nn.Module, inputs: tuple[torch.Tensor, ...], data_names: list[str],
+                  program_inputs: tuple[GraphInput, ...], outputs: list[str]) -> Program:
+    names = canonical_names(model)
+    graph = import_joint(_joint(model, inputs), _outer_namer(data_names, names),
+                         _outer_output(names))
+    call = step_call("step", graph, "step", {}, label="training step")
+    defined = set(call.results)
+    return Program(program_inputs, (("step", graph),), (call,),
+                   tuple((o, o) for o in outputs if o in defined))
+
+
+def _program_inputs(model: nn.Module, specs: InputSpecs) -> tuple[GraphInput, ...]:
+    from trainverify_dsl.spec.convert import tensor_type
+
+    inputs = [GraphInput(n, "param", tensor_type(p)) for n, p in model.named_parameters()]
+    inputs += [GraphInput(n, "buffer", tensor_type(b)) for n, b in model.named_buffers()]
+    for name, (shape, dtype) in specs.items():
+        inputs.append(GraphInput(name, "data", TensorType(tuple(int(s) for s in shape),
+                                                          DTYPES[dtype])))
+    return tuple(inputs)
+
+
+def trace_training_step(model: nn.Module, input_specs: InputSpecs, optimizer: Any = None, *,
+                        reuse: bool = True, exact_reuse: bool = False) -> SpecProgram:
+    """Trace ``model(**inputs) -> loss`` and its backward into a ``SpecProgram``.
+
+    ``reuse`` traces one block per distinct ``block_key`` and reuses it for the other layers
+    (the key is a cheap proxy for "same computation"); ``exact_reuse`` traces every layer and
+    shares a graph only between layers whose traced graphs are equal.
+
+    ``optimizer`` (an ``spec.optim`` config) appends the update step. Raises ``SpecError``
+    with diagnostics on failure; never lets a torch traceback escape.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    start = time.perf_counter()
+    mode = _fake_mode_of(model)
+    try:
+        fake = _fakeify(model, mode)
+        # Real tensor constants created in forward (torch.tensor([...])) become IR literals.
+        allow, mode.allow_non_fake_inputs = mode.allow_non_fake_inputs, True
+        try:
+            with mode, sdpa_kernel(SDPBackend.MATH):
+                spec = _trace_in_mode(fake, input_specs, reuse, exact_reuse)
+        finally:
+            mode.allow_non_fake_inputs = allow
+    except SpecError:
+        raise
+    except UnsupportedOps as error:
+        raise _unsupported_error(error) from None
+    except Exception as error:  # noqa: BLE001 - torch raises many types; all become diagnostics
+        raise _trace_error(error) from None
+    if optimizer is not None:
+        from trainverify_dsl.spec.optim import append_optimizer
+
+        spec = append_optimizer(spec, optimizer)
+    problems = program_problems(spec.program)
+    if problems:
+        raise fail(codes.IR_INVALID, problems[0], notes=tuple(problems[1:6]))
+    elapsed = time.perf_counter() - start
+    return SpecProgram(spec.program, spec.block_list, spec.groups, elapsed, spec.notes)
+
+
+def _trace_in_mode(model: nn.Module, specs: InputSpecs, reuse: bool,
+                   exact: bool) -> SpecProgram:
+    inputs = _example_inputs(specs)
+    data_names = list(specs)
+    program_inputs = _program_inputs(model, specs)
+    outputs = ["loss"] + [f"grad({n})" for n, _ in model.named_parameters()]
+    notes: list[str] = []
+    if reuse:
+        try:
+            pieces = _trace_pieces(model, inputs, data_names, exact)
+        except _NoReuse as why:
+            notes.append(f"block reuse off: {why}")
+        except (SpecError, UnsupportedOps):
+            raise
+        except Exception as error:  # noqa: BLE001 - the flat trace reports real model errors
+            notes.append(f"block reuse off: cutting at the block list failed "
+                         f"({type(error).__name__}: {str(error).strip()[:120]})")
+        else:
+            groups = tuple(BlockGroup(name, tuple(i for i, g in enumerate(pieces.layer_graph)
+                                                  if g == name)) for name in pieces.blocks)
+            program = compose(pieces, program_inputs, outputs)
+            return SpecProgram(program, pieces.list_path, groups, 0.0, tuple(notes))
+    program = _flat_program(model, inputs, data_names, program_inputs, outputs)
+    return SpecProgram(program, "", (), 0.0, tuple(notes))
+
+
+def _stack_span(stack: str) -> Any:
+    from trainverify_dsl.report.span import Span
+    from trainverify_dsl.spec.errors import spec_span
+
+    path, _, line = stack.rpartition(":")
+    return Span(path, int(line), 1, int(line), 1) if line.isdigit() else spec_span("")
+
+
+def _unsupported_error(error: UnsupportedOps) -> SpecError:
+    from trainverify_dsl.report.diagnostics import Diagnostic
+
+    seen, diagnostics = set(), []
+    for item in error.items:
+        if (item.op, item.module) in seen:
+            continue
+        seen.add((item.op, item.module))
+        where = f" in module {item.module!r}" if item.module else ""
+        diagnostics.append(Diagnostic(codes.UNSUPPORTED_OP,
+                                      f"ATen op {item.op!r}{where} has no IR equivalent",
+                                      _stack_span(item.stack), (item.detail,)))
+    return SpecError(diagnostics or [Diagnostic(codes.UNSUPPORTED_OP, "unsupported input",
+                                                _stack_span(""))])
+
+
+def _trace_error(error: Exception) -> SpecError:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if "DynamicOutputShape" in type(error).__name__ or "data-dependent" in str(error) or \
+            "DataDependent" in type(error).__name__:
+        return fail(codes.DATA_DEPENDENT_SHAPE, f"value-dependent tracing: {text}",
+                    help="shapes and Python control flow must not read tensor values "
+                         "(.item(), nonzero, masks); tensor constants created in forward "
+                         "(torch.tensor([...])) are read this way: register them as a buffer")
+    frames = traceback.extract_tb(error.__traceback__)[-3:]
+    notes = tuple(f"at {f.filename}:{f.lineno} in {f.name}" for f in frames)
+    return fail(codes.TRACE_FAILED, f"{type(error).__name__}: {text}", notes=notes)

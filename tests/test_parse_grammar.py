@@ -4,10 +4,16 @@ import re
 
 from lark.parsers.lalr_analysis import LALR_Analyzer
 
-from trainverify_dsl.parse.build import RULE_METHODS
-from trainverify_dsl.parse.grammar import GRAMMAR_FILE, get_parser
+from trainverify_dsl.parse.build import RULE_METHODS, AstBuilder
+from trainverify_dsl.parse.grammar import GRAMMAR_FILE, _build, get_parser
 
 GRAMMAR = GRAMMAR_FILE.read_text(encoding="utf-8")
+
+
+def test_grammar_builds_under_lark_strict_mode():
+    """strict=True: no shift/reduce conflicts and no colliding terminals (interegular)."""
+    parser = _build(AstBuilder(), strict=True)
+    assert parser.options.strict
 
 
 def test_grammar_is_lalr_without_conflicts():

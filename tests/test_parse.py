@@ -349,3 +349,14 @@ def test_parse_file_bad_utf8_is_a_diagnostic_and_parsing_continues(tmp_path):
     result = parse_file(bad)
     assert [(d.code.id, d.span.line) for d in result.diagnostics] == [("TVP109", 2)]
     assert len(result.plan_file.statements) == 2
+
+
+@pytest.mark.parametrize("text, value", [("3e-4", Fraction(3, 10000)), ("1e3", Fraction(1000)),
+                                         ("2E+5", Fraction(200000))])
+def test_exponent_numbers_are_numbers_where_a_word_is_also_allowed(text, value):
+    """`apply f(3e-4)`: an argument may be an option (key is a word, and `1f1b` is a word) or a
+    value; a number in exponent form must lex as a number, not as a digit-led word."""
+    result = parse_source(f"apply opt({text})\n")
+    assert result.diagnostics == ()
+    (statement,) = result.plan_file.statements
+    assert statement.args[0].value == value

@@ -142,6 +142,15 @@ def test_coverage_is_skipped_for_user_models_and_unknown_configs() -> None:
     assert "did you mean 'llama3_8b'?" in diagnostics[0].message
 
 
+def test_an_n_layers_setting_on_the_spec_line_overrides_the_config() -> None:
+    stages = "pipeline-stage 0: embed, layers[0:1]\npipeline-stage 1: layers[1:2], norm\n"
+    assert resolve_text(MESH + stages, head=TINY).diagnostics == ()
+    head = TINY.rstrip("\n") + " n_layers 3\n"
+    (diagnostic,) = resolve_text(MESH + stages, head=head).diagnostics
+    assert diagnostic.code is codes.STAGE_COVERAGE
+    assert diagnostic.notes[0] == "unassigned layers: layers[2]"
+
+
 def test_interleaved_schedule_allows_non_contiguous_stages() -> None:
     stages = ("pipeline-stage 0: layers[0:8], layers[16:24]\n"
               "pipeline-stage 1: layers[8:16], layers[24:32]\n")

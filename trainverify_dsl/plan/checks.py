@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 from trainverify_dsl.plan import messages, vocab
@@ -115,9 +116,18 @@ def find_input_problems(plan: Plan) -> list[NotDivisible | RankMismatch]:
 
 
 def layer_count(plan: Plan, project_root: Path, collector: Collector) -> int | None:
-    """``n_layers`` of the spec's stdlib config, or ``None`` (user model, unknown config)."""
+    """The layer count: an ``n_layers`` setting on the spec line (it overrides the config,
+    as for every model keyword), else ``n_layers`` of the spec's stdlib config, else ``None``
+    (a user model, an unknown config)."""
     spec = plan.spec
-    if spec is None or spec.config is None or not spec.model.startswith("stdlib/"):
+    if spec is None:
+        return None
+    stated = dict(spec.settings).get("n_layers")
+    if isinstance(stated, Fraction) and stated.denominator == 1 and stated >= 0:
+        return int(stated)
+    if isinstance(stated, int) and not isinstance(stated, bool) and stated >= 0:
+        return stated
+    if spec.config is None or not spec.model.startswith("stdlib/"):
         return None
     configs = _read_configs(project_root / CONFIGS_JSON)
     if configs is None:

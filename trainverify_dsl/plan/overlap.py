@@ -4,8 +4,29 @@
 ``layers.3.wq.weight``; giving one mesh axis two placements there is a conflict like any
 other. Pattern intersection is decided segment by segment and errs towards "no overlap" when
 unsure (two different globs), so no false conflict is reported. ``params`` (every parameter)
-is a default, not compared. Work is bounded: only pairs with a wildcard are compared, at most
-``MAX_PAIRS`` of them.
+is a default, not compared. Only pairs with a wildcard (glob or slice) are compared.
+
+Candidate pairs come from an index, not from a scan of all pairs:
+
+* layouts are bucketed by (grad, segment count): only those can meet;
+* per segment position, a bucket maps each name or index (by its text), each decimal index
+  (by its value) and each glob or slice to the layouts holding it there. What a wildcard's
+  segment can meet at a position is a union of those sets: a name or index is one look-up; a
+  slice looks up its indices (or scans the indices present, whichever is fewer); a glob
+  tests each distinct name present; every segment tests each distinct glob and slice
+  present; ``*`` constrains nothing;
+* per (mesh axis, placement), the layouts stating it, so the layouts stating a common axis
+  with a different placement are a set difference;
+* a wildcard's candidates are the intersection of these sets (smallest first), and each is
+  then given the exact pairwise test, so the conflicts and their order are those of an
+  all-pairs comparison.
+
+There is no bound on the number of pairs, so no conflict is skipped: the work is one segment
+test per pair of distinct globs or slices at a position (a range check first for two slices),
+one set intersection per wildcard layout, and one exact test per candidate; a candidate
+already meets position by position and has a conflicting axis, so the exact tests are about as
+many as the conflicts reported. Slice against slice or glob still enumerates at most
+``MAX_ENUMERATED`` indices (``_first``), as before.
 """
 
 from __future__ import annotations
@@ -23,6 +44,7 @@ from trainverify_dsl.plan.model import (
     NameSeg,
     Partial,
     PatternSegment,
+    PlacementKind,
     Shard,
     SliceSeg,
     TensorPattern,
@@ -30,7 +52,6 @@ from trainverify_dsl.plan.model import (
 from trainverify_dsl.report import codes_plan as codes
 from trainverify_dsl.report.diagnostics import Diagnostic
 
-MAX_PAIRS = 200_000
 #: Slices are compared by enumerating at most this many indices.
 MAX_ENUMERATED = 10_000
 
@@ -58,23 +79,149 @@ class OverlapConflict:
 
 
 def find_overlap_conflicts(layouts: tuple[Layout, ...]) -> list[OverlapConflict]:
+    found: list[OverlapConflict] = []
+    for bucket in _buckets(layouts).values():
+        index = _index_bucket(bucket)
+        for i, j in _candidate_pairs(bucket, index):
+            found += _conflicts(bucket[min(i, j)], bucket[max(i, j)])
+    return found
+
+
+def _buckets(layouts: tuple[Layout, ...]) -> dict[tuple[bool, int], list[Layout]]:
     buckets: dict[tuple[bool, int], list[Layout]] = defaultdict(list)
     for layout in layouts:
         if layout.target.segments != (NameSeg("params"),):
             buckets[(layout.target.grad, len(layout.target.segments))].append(layout)
-    found: list[OverlapConflict] = []
-    budget = MAX_PAIRS
-    for bucket in buckets.values():
-        wild = {i for i, lay in enumerate(bucket) if not lay.target.is_concrete}
-        for i in sorted(wild):
-            for j in range(len(bucket)):
-                if j == i or (j in wild and j < i):
-                    continue
-                budget -= 1
-                if budget < 0:
-                    return found
-                found += _conflicts(bucket[min(i, j)], bucket[max(i, j)])
+    return buckets
+
+
+@dataclass(frozen=True, slots=True)
+class _BucketIndex:
+    """Positions in one bucket, by what they hold. Per segment position: ``by_text`` maps a
+    name or index (as text) to the layouts holding it there, ``digits`` the decimal ones by
+    value, ``wild`` each glob and slice. ``placed`` maps (axis, placement) to the layouts
+    stating that axis with that placement, ``stating`` an axis to those stating it at all.
+    The two caches memoise ``_meeting`` and ``_axis_rivals`` (few distinct keys)."""
+
+    by_text: tuple[dict[str, set[int]], ...]
+    digits: tuple[dict[int, set[int]], ...]
+    wild: tuple[dict[PatternSegment, set[int]], ...]
+    stating: dict[str, set[int]]
+    placed: dict[tuple[str, PlacementKind], set[int]]
+    meeting_cache: dict[tuple[int, PatternSegment], frozenset[int]]
+    rivals_cache: dict[tuple[tuple[str, PlacementKind], ...], frozenset[int]]
+
+
+def _index_bucket(bucket: list[Layout]) -> _BucketIndex:
+    width = len(bucket[0].target.segments)
+    index = _BucketIndex(tuple({} for _ in range(width)), tuple({} for _ in range(width)),
+                         tuple({} for _ in range(width)), {}, {}, {}, {})
+    for number, layout in enumerate(bucket):
+        for position, seg in enumerate(layout.target.segments):
+            _index_segment(index, position, seg, number)
+        for axis in layout.stated_axes:
+            index.stating.setdefault(axis, set()).add(number)
+            index.placed.setdefault((axis, layout.placement(axis)), set()).add(number)
+    return index
+
+
+def _index_segment(index: _BucketIndex, position: int, seg: PatternSegment, number: int) -> None:
+    match seg:
+        case NameSeg(name) | IndexSeg(index=name):
+            text = str(name)
+            index.by_text[position].setdefault(text, set()).add(number)
+            if text.isdecimal():
+                index.digits[position].setdefault(int(text), set()).add(number)
+        case _:
+            index.wild[position].setdefault(seg, set()).add(number)
+
+
+def _candidate_pairs(bucket: list[Layout], index: _BucketIndex) -> list[tuple[int, int]]:
+    """The pairs (wildcard, other) to test, in the order of an all-pairs scan: wildcards in
+    bucket order, each with its candidates in bucket order, a pair of wildcards once."""
+    wild = [i for i, layout in enumerate(bucket) if not layout.target.is_concrete]
+    is_wild = set(wild)
+    pairs: list[tuple[int, int]] = []
+    for i in wild:
+        pairs += [(i, j) for j in sorted(_candidates(bucket[i], index))
+                  if j != i and not (j in is_wild and j < i)]
+    return pairs
+
+
+def _candidates(layout: Layout, index: _BucketIndex) -> frozenset[int]:
+    """Layouts that can meet ``layout`` at every position and state a common axis with a
+    different placement (a superset of its conflicts; the caller applies the exact test)."""
+    sets = [_axis_rivals(layout, index)]
+    for position, seg in enumerate(layout.target.segments):
+        if seg != GlobSeg("*"):
+            sets.append(_meeting(position, seg, index))
+    sets.sort(key=len)
+    return sets[0].intersection(*sets[1:])
+
+
+def _axis_rivals(layout: Layout, index: _BucketIndex) -> frozenset[int]:
+    key = tuple((axis, layout.placement(axis)) for axis in layout.stated_axes)
+    if key not in index.rivals_cache:
+        rivals: set[int] = set()
+        for axis, placement in key:
+            rivals |= index.stating[axis] - index.placed[(axis, placement)]
+        index.rivals_cache[key] = frozenset(rivals)
+    return index.rivals_cache[key]
+
+
+def _meeting(position: int, seg: PatternSegment, index: _BucketIndex) -> frozenset[int]:
+    """Layouts whose segment at ``position`` can meet ``seg`` (by ``_segments_meet``)."""
+    key = (position, seg)
+    if key not in index.meeting_cache:
+        found: set[int] = set()
+        for other, members in index.wild[position].items():
+            if _wild_meets(seg, other):
+                found |= members
+        index.meeting_cache[key] = frozenset(found | _meeting_concrete(position, seg, index))
+    return index.meeting_cache[key]
+
+
+def _wild_meets(seg: PatternSegment, wild: PatternSegment) -> bool:
+    """``_segments_meet`` either way round; two slices whose ranges are apart (or that run
+    backwards) never meet, which is quick to see and the common case between many slices."""
+    if isinstance(seg, SliceSeg) and isinstance(wild, SliceSeg) and not _ranges_touch(seg, wild):
+        return False
+    return _segments_meet(seg, wild) or _segments_meet(wild, seg)
+
+
+def _ranges_touch(a: SliceSeg, b: SliceSeg) -> bool:
+    """Whether two forward slices' ranges share an integer (necessary for meeting)."""
+    if not (_forward(a) and _forward(b)):
+        return False
+    stops = [stop for stop in (a.stop, b.stop) if stop is not None]
+    return not stops or max(a.start or 0, b.start or 0) < min(stops)
+
+
+def _meeting_concrete(position: int, seg: PatternSegment, index: _BucketIndex) -> set[int]:
+    """Layouts with a name or index at ``position`` that ``seg`` meets."""
+    texts, digits = index.by_text[position], index.digits[position]
+    found: set[int] = set()
+    match seg:
+        case NameSeg(name) | IndexSeg(index=name):
+            found |= texts.get(str(name), set())
+        case GlobSeg(pattern):
+            for text, members in texts.items():
+                if fnmatchcase(text, pattern):
+                    found |= members
+        case SliceSeg():
+            for value in _slice_hits(seg, digits):
+                found |= digits[value]
     return found
+
+
+def _slice_hits(s: SliceSeg, digits: dict[int, set[int]]) -> list[int]:
+    """The indices among ``digits`` that ``s`` contains: its own indices looked up when they
+    are fewer, else the present ones tested."""
+    values: range | dict[int, set[int]] = digits
+    if _forward(s) and s.stop is not None:
+        own = range(s.start or 0, s.stop, s.step or 1)
+        values = own if len(own) <= len(digits) else digits
+    return [value for value in values if value in digits and s.contains(value) is True]
 
 
 def _conflicts(first: Layout, second: Layout) -> list[OverlapConflict]:

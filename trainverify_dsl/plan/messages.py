@@ -30,23 +30,23 @@ def at(code: Code, message: str, origin: Origin, *, notes: Sequence[str] = (),
 
 
 def unknown_name(code: Code, what: str, name: str, known: Sequence[str], origin: Origin,
-                 *, context: str | None = None, plural: str | None = None) -> Diagnostic:
-    """``unknown mesh axis 'tq'; did you mean 'tp'?`` + the known names."""
+                 *, context: str | None = None) -> Diagnostic:
+    """``unknown mesh axis 'tq'; did you mean 'tp'?`` + the names that would be accepted.
+    ``what`` is any noun phrase (``reduce op of all-reduce``): it is never inflected."""
     hint = did_you_mean(name, known)
-    plural = plural or f"{what}s"
-    listing = ", ".join(f"'{k}'" for k in known) if known else "none"
     notes = [context] if context else []
-    notes.append(f"known {plural}: {listing}")
+    notes.append("expected one of: " + ", ".join(f"'{k}'" for k in known) if known
+                 else f"no {what} is defined here")
     message = f"unknown {what} '{name}'" + (f"; {hint}" if hint else "")
     return at(code, message, origin, notes=notes,
-              help=f"use one of the known {plural}" if known else None)
+              help=f"replace '{name}' with one of the expected names" if known else None)
 
 
 def unknown_axis(name: str, mesh: Mesh | None, origin: Origin, construct: str) -> Diagnostic:
     known = mesh.names if mesh is not None else ()
     context = f"{construct} on {mesh.describe()}" if mesh is not None else construct
     return unknown_name(codes.UNKNOWN_MESH_AXIS, "mesh axis", name, known, origin,
-                        context=context, plural="mesh axes")
+                        context=context)
 
 
 def conflict(code: Code, headline: str, first: Origin, second: Origin, notes: Sequence[str],

@@ -41,3 +41,12 @@ def test_every_alternative_of_a_kept_rule_has_an_alias():
 
 def test_grammar_holds_no_python():
     assert "%python" not in GRAMMAR and "import" not in GRAMMAR.replace("%import", "")
+
+
+def test_runtime_build_leaves_lark_collision_analysis_switched_on():
+    """The run-time build skips Lark's collision analysis for itself only: the strict build
+    above (and anyone else's Lark) still gets it."""
+    import lark.lexer
+
+    _build(AstBuilder(), strict=False)
+    assert lark.lexer.has_interegular

@@ -1,0 +1,53 @@
+"""The ``tvp`` dispatcher: --version, no command, unknown command, subcommand help."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainverify_dsl import __version__
+from trainverify_dsl.cli.main import SUBCOMMANDS, main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"tvp {__version__}\n"
+
+
+def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "usage: tvp" in captured.err
+    for name in SUBCOMMANDS:
+        assert name in captured.err
+
+
+def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["frobnicate"])
+    assert stopped.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["lint", "fmt", "explain"])
+def test_subcommand_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main([command, "--help"])
+    assert stopped.value.code == 0
+    assert f"usage: tvp {command}" in capsys.readouterr().out
+
+
+def test_module_entry_point_in_a_subprocess() -> None:
+    done = subprocess.run([sys.executable, "-m", "trainverify_dsl", "--version"], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stdout) == (0, f"tvp {__version__}\n"), done.stderr
+    done = subprocess.run([sys.executable, "-m", "trainverify_dsl"], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr

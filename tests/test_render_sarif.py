@@ -1,0 +1,213 @@
+"""SARIF 2.1.0: validated structurally against the properties the 2.1.0 schema defines.
+
+No schema download: the allowed keys, required keys and enums of every object we emit are
+written out below from the OASIS SARIF 2.1.0 schema, and every emitted object is checked
+against them, together with the cross-references (ruleIndex -> rules, index -> artifacts).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from test_render_support import FILE, TEST_ERROR, TEST_NOTE, TEST_WARNING, error, warning
+
+from trainverify_dsl import __version__
+from trainverify_dsl.report.diagnostics import Diagnostic
+from trainverify_dsl.report.render import LintReport
+from trainverify_dsl.report.render.sarif import artifact_location, region, render_sarif
+from trainverify_dsl.report.span import Span
+
+LEVELS = {"none", "note", "warning", "error"}
+ALLOWED = {
+    "log": {"$schema", "version", "runs", "inlineExternalProperties", "properties"},
+    "run": {"tool", "invocations", "conversion", "language", "versionControlProvenance",
+            "originalUriBaseIds", "artifacts", "logicalLocations", "graphs", "results",
+            "automationDetails", "runAggregates", "baselineGuid", "redactionTokens",
+            "defaultEncoding", "defaultSourceLanguage", "newlineSequences", "columnKind",
+            "externalPropertyFileReferences", "threadFlowLocations", "taxonomies", "addresses",
+            "translations", "policies", "webRequests", "webResponses", "specialLocations",
+            "properties"},
+    "driver": {"guid", "name", "organization", "product", "productSuite", "shortDescription",
+               "fullDescription", "fullName", "version", "semanticVersion",
+               "dottedQuadFileVersion", "releaseDateUtc", "downloadUri", "informationUri",
+               "globalMessageStrings", "notifications", "rules", "taxa", "locations",
+               "language", "contents", "isComprehensive", "localizedDataSemanticVersion",
+               "minimumRequiredLocalizedDataSemanticVersion", "associatedComponent",
+               "translationMetadata", "supportedTaxonomies", "properties"},
+    "rule": {"id", "deprecatedIds", "guid", "deprecatedGuids", "name", "deprecatedNames",
+             "shortDescription", "fullDescription", "messageStrings", "defaultConfiguration",
+             "helpUri", "help", "relationships", "properties"},
+    "configuration": {"enabled", "level", "rank", "parameters", "properties"},
+    "multiformat": {"text", "markdown", "properties"},
+    "message": {"text", "markdown", "id", "arguments", "properties"},
+    "result": {"ruleId", "ruleIndex", "rule", "kind", "level", "message", "analysisTarget",
+               "locations", "guid", "correlationGuid", "occurrenceCount",
+               "partialFingerprints", "fingerprints", "stacks", "codeFlows", "graphs",
+               "graphTraversals", "relatedLocations", "suppressions", "baselineState", "rank",
+               "attachments", "hostedViewerUri", "workItemUris", "provenance", "fixes", "taxa",
+               "webRequest", "webResponse", "properties"},
+    "location": {"id", "physicalLocation", "logicalLocations", "message", "annotations",
+                 "relationships", "properties"},
+    "physical": {"address", "artifactLocation", "region", "contextRegion", "properties"},
+    "artifactLocation": {"uri", "uriBaseId", "index", "description", "properties"},
+    "region": {"startLine", "startColumn", "endLine", "endColumn", "charOffset", "charLength",
+               "byteOffset", "byteLength", "snippet", "message", "sourceLanguage",
+               "properties"},
+    "artifact": {"description", "location", "parentIndex", "offset", "length", "roles",
+                 "mimeType", "contents", "encoding", "sourceLanguage", "hashes",
+                 "lastModifiedTimeUtc", "properties"},
+}
+
+
+def check(kind: str, obj: Any, required: set[str] = frozenset()) -> None:
+    assert isinstance(obj, dict), f"{kind} must be an object"
+    assert set(obj) <= ALLOWED[kind], f"{kind} has unknown keys {set(obj) - ALLOWED[kind]}"
+    assert required <= set(obj), f"{kind} lacks {required - set(obj)}"
+
+
+def check_text(kind: str, obj: Any) -> None:
+    check(kind, obj, {"text"})
+    assert isinstance(obj["text"], str) and obj["text"]
+
+
+def validate(log: dict[str, Any]) -> None:
+    """Structural SARIF 2.1.0 checks for everything ``render_sarif`` emits."""
+    check("log", log, {"version", "runs"})
+    assert log["version"] == "2.1.0" and isinstance(log["$schema"], str)
+    assert isinstance(log["runs"], list) and len(log["runs"]) == 1
+    run = log["runs"][0]
+    check("run", run, {"tool"})
+    assert run["columnKind"] in {"utf16CodeUnits", "unicodeCodePoints"}
+    driver = run["tool"]["driver"]
+    check("driver", driver, {"name"})
+    for rule in driver["rules"]:
+        validate_rule(rule)
+    ids = [rule["id"] for rule in driver["rules"]]
+    assert len(ids) == len(set(ids)), "rule ids must be unique"
+    for artifact in run["artifacts"]:
+        check("artifact", artifact, {"location"})
+        validate_artifact_location(artifact["location"], run["artifacts"])
+    for result in run["results"]:
+        validate_result(result, driver["rules"], run["artifacts"])
+
+
+def validate_rule(rule: dict[str, Any]) -> None:
+    check("rule", rule, {"id"})
+    assert isinstance(rule["id"], str) and isinstance(rule["name"], str)
+    for key in ("shortDescription", "fullDescription", "help"):
+        check_text("multiformat", rule[key])
+    check("configuration", rule["defaultConfiguration"], {"level"})
+    assert rule["defaultConfiguration"]["level"] in LEVELS
+
+
+def validate_result(result: dict[str, Any], rules: list[Any], artifacts: list[Any]) -> None:
+    check("result", result, {"message"})
+    check_text("message", result["message"])
+    assert result["level"] in LEVELS
+    index = result["ruleIndex"]
+    assert isinstance(index, int) and 0 <= index < len(rules)
+    assert rules[index]["id"] == result["ruleId"]
+    locations = result["locations"] + result.get("relatedLocations", [])
+    for location in locations:
+        check("location", location, {"physicalLocation"})
+        physical = location["physicalLocation"]
+        check("physical", physical, {"artifactLocation", "region"})
+        validate_artifact_location(physical["artifactLocation"], artifacts)
+        validate_region(physical["region"])
+    related_ids = [loc["id"] for loc in result.get("relatedLocations", [])]
+    assert all(isinstance(i, int) and i >= 0 for i in related_ids)
+    assert len(related_ids) == len(set(related_ids))
+
+
+def validate_artifact_location(location: dict[str, Any], artifacts: list[Any]) -> None:
+    check("artifactLocation", location, {"uri"})
+    uri = location["uri"]
+    assert isinstance(uri, str) and "\\" not in uri and " " not in uri
+    if "index" in location:
+        assert artifacts[location["index"]]["location"]["uri"] == uri
+
+
+def validate_region(value: dict[str, Any]) -> None:
+    check("region", value, {"startLine"})
+    assert all(isinstance(v, int) and v >= 1 for v in value.values())
+    assert value["endLine"] >= value["startLine"]
+    if value["endLine"] == value["startLine"]:
+        assert value["endColumn"] >= value["startColumn"]
+
+
+def sarif(diagnostics: list[Diagnostic], files: list[str], **options) -> dict[str, Any]:
+    rules = options.pop("rules", [TEST_ERROR, TEST_WARNING, TEST_NOTE])
+    return json.loads(render_sarif(LintReport.of(diagnostics, files), rules=rules, **options))
+
+
+def test_full_log_is_structurally_valid() -> None:
+    related = ((Span("other.tvp", 2, 1, 2, 5), "declared here"),)
+    note = Diagnostic(TEST_NOTE, "fyi", Span(FILE, 1, 1, 1, 2))
+    log = sarif([error(related=related, help="h", notes=("n",)), warning("w"), note],
+                [FILE, "clean.tvp"])
+    validate(log)
+    run = log["runs"][0]
+    assert run["tool"]["driver"]["name"] == "tvp"
+    assert run["tool"]["driver"]["version"] == __version__
+    assert [r["level"] for r in run["results"]] == ["warning", "note", "error"]
+    assert [a["location"]["uri"] for a in run["artifacts"]] == [FILE, "clean.tvp", "other.tvp"]
+
+
+def test_rules_come_from_the_registry_order_with_levels() -> None:
+    run = sarif([], [])["runs"][0]
+    rules = run["tool"]["driver"]["rules"]
+    assert [r["id"] for r in rules] == ["TVP990", "TVP991", "TVP992"]
+    assert [r["name"] for r in rules] == ["test-error", "test-warning", "test-note"]
+    assert [r["defaultConfiguration"]["level"] for r in rules] == ["error", "warning", "note"]
+    assert rules[0]["shortDescription"]["text"] == "a test error"
+    assert "plan bad" in rules[0]["help"]["markdown"]
+
+
+def test_default_rules_are_the_whole_registry_plus_unknown_codes() -> None:
+    from trainverify_dsl.report.codes import ALL_CODES
+
+    log = json.loads(render_sarif(LintReport.of([error()], [FILE])))
+    validate(log)
+    ids = [r["id"] for r in log["runs"][0]["tool"]["driver"]["rules"]]
+    assert ids == [c.id for c in ALL_CODES] + ["TVP990"]
+    assert log["runs"][0]["results"][0]["ruleIndex"] == len(ALL_CODES)
+
+
+def test_result_location_and_message() -> None:
+    (result,) = sarif([error(help="did you mean 'tp'?")], [FILE])["runs"][0]["results"]
+    assert result["ruleId"] == "TVP990"
+    assert result["message"]["text"] == "unknown mesh axis 'tq'\nhelp: did you mean 'tp'?"
+    physical = result["locations"][0]["physicalLocation"]
+    assert physical["artifactLocation"] == {"uri": FILE, "uriBaseId": "%SRCROOT%", "index": 0}
+    assert physical["region"] == {"startLine": 3, "startColumn": 10, "endLine": 3,
+                                  "endColumn": 12}
+
+
+@pytest.mark.parametrize(("file", "root", "expected"), [
+    ("plans/a.tvp", None, {"uri": "plans/a.tvp", "uriBaseId": "%SRCROOT%"}),
+    ("./plans/a.tvp", None, {"uri": "plans/a.tvp", "uriBaseId": "%SRCROOT%"}),
+    ("my plans/a b.tvp", None, {"uri": "my%20plans/a%20b.tvp", "uriBaseId": "%SRCROOT%"}),
+    ("/repo/plans/a.tvp", "/repo", {"uri": "plans/a.tvp", "uriBaseId": "%SRCROOT%"}),
+    ("/elsewhere/a.tvp", "/repo", {"uri": "file:///elsewhere/a.tvp"}),
+    ("../up/a.tvp", "/repo", {"uri": "../up/a.tvp", "uriBaseId": "%SRCROOT%"}),
+])
+def test_artifact_uris(file: str, root: str | None, expected: dict[str, str]) -> None:
+    from pathlib import PurePath
+
+    assert artifact_location(file, PurePath(root) if root else None) == expected
+
+
+def test_regions_never_end_before_they_start() -> None:
+    assert region(Span(FILE, 2, 5, 2, 3)) == {"startLine": 2, "startColumn": 5, "endLine": 2,
+                                              "endColumn": 5}
+    assert region(Span(FILE, 2, 5, 4, 1)) == {"startLine": 2, "startColumn": 5, "endLine": 4,
+                                              "endColumn": 1}
+
+
+def test_validator_rejects_a_broken_rule_index() -> None:
+    log = sarif([error()], [FILE])
+    log["runs"][0]["results"][0]["ruleIndex"] = 1
+    with pytest.raises(AssertionError):
+        validate(log)

@@ -1,0 +1,193 @@
+"""``tvp fmt FILE_OR_DIR... [--check] [--diff]``: canonical formatting, comments kept.
+
+Without flags every file that is not canonical is rewritten in place (atomically, mode
+kept, LF line endings). ``--check`` writes nothing and lists each file that would change;
+``--diff`` writes nothing and prints a unified diff to stdout; both may be combined. ``-``
+reads a plan from stdin and prints the formatted text to stdout. A file with syntax errors
+is never touched: its diagnostics are printed (text format, on stderr) and it counts as
+failed. Before anything is written, the formatted text is parsed again and must give the
+same AST as the original (spans and comments aside); if not, the file is left alone and
+counts as failed.
+
+Status lines (``reformatted F``, ``would reformat F``) and the summary line go to stderr,
+so stdout holds only diffs or the formatted stdin.
+
+Exit codes: 0 nothing to do (or everything rewritten), 1 a file failed (syntax error,
+unreadable) or, under ``--check``/``--diff``, a file would change; 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from trainverify_dsl.cli.lint_cmd import PLAN_SUFFIX, collect_plan_files
+from trainverify_dsl.report.render import LintReport, plural
+from trainverify_dsl.report.render.text import render_diagnostic
+
+EXIT_OK = 0
+EXIT_CHANGES = 1
+EXIT_USAGE = 2
+STDIN = "-"
+
+
+class Outcome(Enum):
+    UNCHANGED = "unchanged"
+    CHANGED = "changed"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class FormatOptions:
+    check: bool
+    diff: bool
+
+    @property
+    def writes(self) -> bool:
+        return not (self.check or self.diff)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="FILE_OR_DIR",
+                        help=f"plan files, directories searched for *{PLAN_SUFFIX}, or - (stdin)")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if any file would be reformatted")
+    parser.add_argument("--diff", action="store_true",
+                        help="write nothing; print a unified diff of the changes")
+
+
+def run(args: argparse.Namespace) -> int:
+    options = FormatOptions(check=args.check, diff=args.diff)
+    files, empty_dirs = collect_plan_files(p for p in args.paths if p != STDIN)
+    for directory in empty_dirs:
+        print(f"tvp fmt: no {PLAN_SUFFIX} files under {directory}", file=sys.stderr)
+    outcomes = [format_stdin(options)] if STDIN in args.paths else []
+    if not files and not outcomes:
+        return EXIT_USAGE
+    outcomes += [format_path(file, options) for file in files]
+    print(fmt_summary(outcomes, options), file=sys.stderr)
+    return fmt_exit_code(outcomes, options)
+
+
+def fmt_exit_code(outcomes: list[Outcome], options: FormatOptions) -> int:
+    if Outcome.FAILED in outcomes:
+        return EXIT_CHANGES
+    if Outcome.CHANGED in outcomes and not options.writes:
+        return EXIT_CHANGES
+    return EXIT_OK
+
+
+def fmt_summary(outcomes: list[Outcome], options: FormatOptions) -> str:
+    changed = outcomes.count(Outcome.CHANGED)
+    unchanged = outcomes.count(Outcome.UNCHANGED)
+    failed = outcomes.count(Outcome.FAILED)
+    verb = "reformatted" if options.writes else "would be reformatted"
+    parts = [f"{plural(changed, 'file')} {verb}", f"{plural(unchanged, 'file')} unchanged"]
+    if failed:
+        parts.append(f"{plural(failed, 'file')} failed")
+    return ", ".join(parts)
+
+
+def format_path(file: str, options: FormatOptions) -> Outcome:
+    try:
+        original = Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        print(f"tvp fmt: cannot read {file}: {_reason(error)}", file=sys.stderr)
+        return Outcome.FAILED
+    formatted = format_text(original, file)
+    if formatted is None:
+        return Outcome.FAILED
+    if formatted == original:
+        return Outcome.UNCHANGED
+    if options.diff:
+        sys.stdout.write(unified_diff(original, formatted, file))
+    if options.check:
+        print(f"would reformat {file}", file=sys.stderr)
+    if options.writes:
+        try:
+            write_atomically(Path(file), formatted)
+        except OSError as error:
+            print(f"tvp fmt: cannot write {file}: {_reason(error)}", file=sys.stderr)
+            return Outcome.FAILED
+        print(f"reformatted {file}", file=sys.stderr)
+    return Outcome.CHANGED
+
+
+def format_stdin(options: FormatOptions) -> Outcome:
+    original = sys.stdin.read()
+    formatted = format_text(original, "<stdin>")
+    if formatted is None:
+        return Outcome.FAILED
+    if options.diff and formatted != original:
+        sys.stdout.write(unified_diff(original, formatted, "<stdin>"))
+    elif not options.check:
+        sys.stdout.write(formatted)
+    return Outcome.UNCHANGED if formatted == original else Outcome.CHANGED
+
+
+def format_text(text: str, file: str) -> str | None:
+    """The canonical text, or ``None`` after saying on stderr why there is none."""
+    from trainverify_dsl.parse import format_source
+
+    result = format_source(text, file)
+    if result.text is None:
+        sources = {file: text}.get
+        for diagnostic in LintReport.of(result.diagnostics, [file]).diagnostics:
+            sys.stderr.write(render_diagnostic(diagnostic, sources, color=False))
+        print(f"tvp fmt: {file} not formatted: it has syntax errors", file=sys.stderr)
+        return None
+    if result.text != text and not same_meaning(text, result.text, file):
+        print(f"tvp fmt: internal error: formatting {file} would change its meaning; "
+              "left unchanged (please report this plan)", file=sys.stderr)
+        return None
+    return result.text
+
+
+def same_meaning(original: str, formatted: str, file: str) -> bool:
+    """Both texts parse to the same AST, spans and comments aside (black's safety check)."""
+    from trainverify_dsl.parse import parse_source
+    from trainverify_dsl.parse.ast import strip_spans
+
+    before, after = parse_source(original, file), parse_source(formatted, file)
+    if after.diagnostics or before.plan_file is None or after.plan_file is None:
+        return False
+    return bool(strip_spans(before.plan_file) == strip_spans(after.plan_file))
+
+
+def unified_diff(original: str, formatted: str, file: str) -> str:
+    lines = difflib.unified_diff(original.splitlines(keepends=True),
+                                 formatted.splitlines(keepends=True),
+                                 fromfile=_diff_name("a", file), tofile=_diff_name("b", file))
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+                   for line in lines)
+
+
+def _diff_name(prefix: str, file: str) -> str:
+    """``a/plans/x.tvp`` for relative paths (``patch -p1`` style); absolute paths as given."""
+    return file if os.path.isabs(file) else f"{prefix}/{file}"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write via a temporary file in the same directory, then rename over ``path``."""
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+        shutil.copymode(path, temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return str(error)

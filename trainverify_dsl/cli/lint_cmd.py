@@ -1,0 +1,158 @@
+"""``tvp lint FILE_OR_DIR...``: syntax, names, layouts; never imports torch or z3.
+
+Directories are searched recursively for ``*.tvp`` files (hidden directories skipped);
+files named explicitly are linted whatever their extension; a path that does not exist is
+handed to the linter, which reports it as a diagnostic. Output goes to stdout:
+
+    text    diagnostics, then the summary line (``no issues found in N files`` when clean)
+    json    one JSON document (report/render/json_format.py), no separate summary
+    sarif   one SARIF 2.1.0 log (report/render/sarif.py)
+    github  workflow commands only; the summary line goes to stderr
+
+Exit codes: 0 no errors (warnings and notes allowed), 1 at least one error, 2 usage error
+(argparse), no ``.tvp`` file found, or an internal error while linting a file (reported on
+stderr as one line, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from trainverify_dsl.report.diagnostics import Diagnostic, Severity
+from trainverify_dsl.report.render import (
+    FORMATS,
+    FileSources,
+    LintReport,
+    render,
+    summarize,
+    summary_line,
+)
+
+EXIT_CLEAN = 0
+EXIT_FINDINGS = 1
+EXIT_USAGE = 2
+
+PLAN_SUFFIX = ".tvp"
+COLOR_CHOICES = ("auto", "always", "never")
+
+Linter = Callable[[str], Sequence[Diagnostic]]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="FILE_OR_DIR",
+                        help="plan files, or directories searched for *.tvp")
+    parser.add_argument("--format", choices=FORMATS, default="text",
+                        help="output format (default: text)")
+    parser.add_argument("--color", choices=COLOR_CHOICES, default="auto",
+                        help="colour text output: auto (on a terminal), always, never")
+
+
+@dataclass(frozen=True, slots=True)
+class LintRun:
+    report: LintReport
+    #: One line per file the linter crashed on (an internal error, exit 2).
+    failures: tuple[str, ...] = ()
+
+
+def run(args: argparse.Namespace) -> int:
+    files, empty_dirs = collect_plan_files(args.paths)
+    for directory in empty_dirs:
+        print(f"tvp lint: no {PLAN_SUFFIX} files under {directory}", file=sys.stderr)
+    if not files:
+        return EXIT_USAGE
+    try:
+        linter = default_linter()
+    except Exception as error:  # a broken install must not print a traceback either
+        print(f"tvp lint: internal error: cannot load the linter: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    outcome = lint_paths(files, linter)
+    color = use_color(args.color, sys.stdout)
+    rendered = render(args.format, outcome.report, FileSources(), color=color,
+                      root=os.getcwd())
+    _write(sys.stdout, rendered)
+    if args.format == "github":
+        _write(sys.stderr, summary_line(summarize(outcome.report)) + "\n")
+    for failure in outcome.failures:
+        print(failure, file=sys.stderr)
+    return exit_code(outcome)
+
+
+def exit_code(outcome: LintRun) -> int:
+    if outcome.failures:
+        return EXIT_USAGE
+    has_errors = any(d.severity is Severity.ERROR for d in outcome.report.diagnostics)
+    return EXIT_FINDINGS if has_errors else EXIT_CLEAN
+
+
+def lint_paths(files: Iterable[str], linter: Linter | None = None) -> LintRun:
+    """Lint each file in process; a crash in the linter becomes a failure line, not a raise."""
+    lint = linter or default_linter()
+    diagnostics: list[Diagnostic] = []
+    failures: list[str] = []
+    checked: list[str] = []
+    for file in files:
+        checked.append(file)
+        try:
+            diagnostics.extend(lint(file))
+        except Exception as error:  # a linter bug must not print a traceback
+            failures.append(f"tvp lint: internal error while linting {file}: "
+                            f"{type(error).__name__}: {error}")
+    return LintRun(LintReport.of(diagnostics, checked), tuple(failures))
+
+
+def default_linter() -> Linter:
+    """``plan.lint_file`` (parse + resolve + semantic checks)."""
+    from trainverify_dsl.plan import lint_file
+
+    return lint_file
+
+
+def collect_plan_files(paths: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(files to lint in order, without duplicates; directories holding no plan file)."""
+    files: dict[str, None] = {}
+    seen: set[Path] = set()
+    empty: list[str] = []
+    for given in paths:
+        found = _plan_files_under(given) if Path(given).is_dir() else [given]
+        if not found:
+            empty.append(given)
+        for file in found:
+            key = Path(file).resolve()
+            if key not in seen:
+                seen.add(key)
+                files[file] = None
+    return list(files), empty
+
+
+def _plan_files_under(directory: str) -> list[str]:
+    found: list[str] = []
+    for parent, subdirs, names in os.walk(directory):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        found += [os.path.join(parent, n) for n in sorted(names) if n.endswith(PLAN_SUFFIX)]
+    return found
+
+
+def use_color(choice: str, stream: TextIO) -> bool:
+    """``always``/``never`` as said; ``auto`` colours a terminal unless ``NO_COLOR`` is set."""
+    if choice != "auto":
+        return choice == "always"
+    if os.environ.get("NO_COLOR"):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def _write(stream: TextIO, text: str) -> None:
+    try:
+        stream.write(text)
+        stream.flush()
+    except BrokenPipeError:
+        # The reader went away (``tvp lint ... | head``): nothing left to say.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())

@@ -129,7 +129,8 @@ def test_syntax_errors_leave_the_file_alone(fmt, tmp_path: Path) -> None:
 def test_unreadable_file_fails(fmt, tmp_path: Path) -> None:
     status, _, err = fmt(str(tmp_path / "missing.tvp"))
     assert status == 1
-    assert f"cannot read {tmp_path / 'missing.tvp'}: No such file or directory" in err
+    missing = tmp_path / "missing.tvp"
+    assert f"{missing}:1:1: error: cannot read '{missing}': No such file or directory" in err
 
 
 def test_stdin_to_stdout(fmt, monkeypatch) -> None:

@@ -96,10 +96,8 @@ def fmt_summary(outcomes: list[Outcome], options: FormatOptions) -> str:
 
 
 def format_path(file: str, options: FormatOptions) -> Outcome:
-    try:
-        original = Path(file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        print(f"tvp fmt: cannot read {file}: {_reason(error)}", file=sys.stderr)
+    original = read_plan(file)
+    if original is None:
         return Outcome.FAILED
     formatted = format_text(original, file)
     if formatted is None:
@@ -118,6 +116,22 @@ def format_path(file: str, options: FormatOptions) -> Outcome:
             return Outcome.FAILED
         print(f"reformatted {file}", file=sys.stderr)
     return Outcome.CHANGED
+
+
+def read_plan(file: str) -> str | None:
+    """The file's text with universal newlines, or ``None`` after printing why it cannot be
+    formatted (missing, not a regular file, binary, not UTF-8), located like lint does."""
+    from trainverify_dsl.parse import read_source
+
+    text, problems = read_source(file)
+    if problems:
+        sources = {file: text}.get
+        for diagnostic in problems:
+            sys.stderr.write(render_diagnostic(diagnostic, sources, color=False))
+        print(f"tvp fmt: cannot read {file}", file=sys.stderr)
+        return None
+    assert text is not None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def format_stdin(options: FormatOptions) -> Outcome:

@@ -10,6 +10,7 @@ diagnostics and exit 2. torch is imported only inside ``run``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
@@ -89,23 +90,19 @@ def _print_diagnostics(diagnostics: Any, fmt: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainverify_dsl.ir.program import format_program
     from trainverify_dsl.spec.errors import SpecError
-    from trainverify_dsl.spec.load import load_model
+    from trainverify_dsl.spec.load import load_model, model_input_specs
     from trainverify_dsl.spec.trace import trace_training_step
 
     try:
-        model = load_model(args.model, args.config)
-        specs = model.input_specs(args.batch, args.seq)
-        spec = trace_training_step(model, specs, _optimizer(args.optimizer),
-                                   reuse=not args.flat)
+        # stdout carries only the summary (one JSON document with --format json): whatever
+        # the model's own code prints while it is imported and traced goes to stderr.
+        with contextlib.redirect_stdout(sys.stderr):
+            model = load_model(args.model, args.config)
+            specs = model_input_specs(model, args.batch, args.seq, args.model)
+            spec = trace_training_step(model, specs, _optimizer(args.optimizer),
+                                       reuse=not args.flat)
     except SpecError as error:
         _print_diagnostics(error.diagnostics, args.format)
-        return EXIT_USAGE
-    except (ValueError, TypeError) as error:  # input_specs rejecting batch/seq
-        from trainverify_dsl.report import codes_spec
-        from trainverify_dsl.spec.errors import fail
-
-        _print_diagnostics(fail(codes_spec.BAD_INPUT_SPEC, str(error), args.model).diagnostics,
-                           args.format)
         return EXIT_USAGE
     summary = summarize(spec, args.model)
     if args.format == "json":

@@ -4,12 +4,13 @@ Public API (others code against these names):
 
 - ``parse_source(text, file="<string>") -> ParseResult``
 - ``parse_file(path) -> ParseResult``
+- ``read_source(path) -> (text | None, diagnostics)``: a plan file's text, read safely
 - ``ParseResult(plan_file, diagnostics)``
 - ``format_source(text, file="<string>") -> FormatResult``; ``format_plan(plan_file) -> str``
 """
 
 from trainverify_dsl.parse.format import FormatResult, format_plan, format_source
-from trainverify_dsl.parse.parser import ParseResult, parse_file, parse_source
+from trainverify_dsl.parse.parser import ParseResult, parse_file, parse_source, read_source
 
 __all__ = [
     "FormatResult",
@@ -18,4 +19,5 @@ __all__ = [
     "format_source",
     "parse_file",
     "parse_source",
+    "read_source",
 ]

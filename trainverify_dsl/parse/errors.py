@@ -50,9 +50,9 @@ EXAMPLES: tuple[SyntaxExample, ...] = (
         "all-reduce x over\n",
         "all-reduce x over 1\n",
         "optimizer adamw shard over\n",
-        "replicate x over tp,\n",
         "replicate x over (\n",
-        "replicate x over (tp,\n",
+        # Not "over tp," or "over (tp,": after the comma the parser state is the one of
+        # "split x [(dp,", which has no 'over'; the generic "expected a name" fits both.
     )),
     SyntaxExample(codes.EXPECTED_TARGET,
                   "expected a module path, e.g. 'embed' or 'layers[0:8]'", (

@@ -13,7 +13,9 @@ Never raises on any input text. Strategy:
 
 from __future__ import annotations
 
+import errno
 import re
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +52,16 @@ class ParseResult:
         return not any(d.severity is Severity.ERROR for d in self.diagnostics)
 
 
+#: A UTF-8 byte-order mark, as some Windows editors write at the start of a file.
+BOM = "\ufeff"
+
+
 def parse_source(text: str, file: str = "<string>") -> ParseResult:
-    """Parse `.tvp` text. ``file`` is used in every span."""
+    """Parse `.tvp` text. ``file`` is used in every span. The text is read as Python reads
+    text files: a leading byte-order mark is dropped (editors do not show it) and CRLF or a
+    lone CR ends a line like LF, so lines and columns agree with editors, ``tvp fmt`` and the
+    renderers; offsets count in that normalised text."""
+    text = text.removeprefix(BOM).replace("\r\n", "\n").replace("\r", "\n")
     source = text if text.endswith("\n") else text + "\n"
     diagnostics: list[Diagnostic] = []
     with _PARSE_LOCK:
@@ -66,29 +76,65 @@ def parse_source(text: str, file: str = "<string>") -> ParseResult:
 
 def parse_file(path: str | Path) -> ParseResult:
     """Read and parse a file; an unreadable file or invalid UTF-8 is a diagnostic
-    (invalid bytes are replaced by U+FFFD and the rest is still parsed)."""
+    (invalid bytes are replaced by U+FFFD and the rest is still parsed). A file with a NUL
+    byte is binary: one diagnostic and no AST."""
+    text, problems = read_source(path)
+    if text is None:
+        return ParseResult(None, problems)
+    result = parse_source(text, str(path))
+    return ParseResult(result.plan_file, (*problems, *result.diagnostics))
+
+
+def read_source(path: str | Path) -> tuple[str | None, tuple[Diagnostic, ...]]:
+    """The text of a plan file and the problems found reading it, each with its location:
+    no text for a missing, unreadable, non-regular or binary file; for invalid UTF-8 the
+    text with U+FFFD in place of the bad bytes (usable for linting, not for rewriting)."""
     file = str(path)
     try:
-        data = Path(path).read_bytes()
+        data = _read_regular_file(Path(path))
     except OSError as error:
         reason = error.strerror or type(error).__name__
         message = f"cannot read '{file}': {reason}"
-        return ParseResult(None, (Diagnostic(codes.UNREADABLE_FILE, message,
-                                             Span.point(file, 1, 1)),))
+        return None, (Diagnostic(codes.UNREADABLE_FILE, message, Span.point(file, 1, 1)),)
+    if b"\0" in data:
+        return None, (_binary_diagnostic(data, file),)
     try:
-        return parse_source(data.decode("utf-8"), file)
+        return data.decode("utf-8"), ()
     except UnicodeDecodeError as error:
-        result = parse_source(data.decode("utf-8", errors="replace"), file)
-        return ParseResult(result.plan_file,
-                           (_encoding_diagnostic(data, error, file), *result.diagnostics))
+        return (data.decode("utf-8", errors="replace"),
+                (_encoding_diagnostic(data, error, file),))
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of a regular file. Anything else (a directory, a FIFO, ``/dev/zero``) is
+    refused before it is opened: reading it could block or never end."""
+    mode = path.stat().st_mode
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory")
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, "not a regular file")
+    return path.read_bytes()
+
+
+def _byte_position(data: bytes, offset: int) -> tuple[int, int]:
+    """(line, column) of byte ``offset``, counting characters as an editor does."""
+    before = data[:offset].decode("utf-8", errors="replace")
+    return before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
 
 
 def _encoding_diagnostic(data: bytes, error: UnicodeDecodeError, file: str) -> Diagnostic:
-    before = data[:error.start].decode("utf-8", errors="replace")
-    line = before.count("\n") + 1
-    col = len(before) - (before.rfind("\n") + 1) + 1
+    line, col = _byte_position(data, error.start)
     byte = data[error.start]
     message = f"the file is not valid UTF-8 (byte 0x{byte:02x} at offset {error.start})"
+    return Diagnostic(codes.UNREADABLE_FILE, message, Span(file, line, col, line, col + 1))
+
+
+def _binary_diagnostic(data: bytes, file: str) -> Diagnostic:
+    """A NUL byte never occurs in a plan: the file is binary, and parsing it would only
+    produce a flood of meaningless syntax errors."""
+    offset = data.index(b"\0")
+    line, col = _byte_position(data, offset)
+    message = f"this is not a text file: NUL byte at offset {offset}"
     return Diagnostic(codes.UNREADABLE_FILE, message, Span(file, line, col, line, col + 1))
 
 

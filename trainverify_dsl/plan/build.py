@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from trainverify_dsl.parse import ast
+from trainverify_dsl.parse.format import value_text
 from trainverify_dsl.plan import messages, vocab
 from trainverify_dsl.plan.evaluate import Evaluator
 from trainverify_dsl.plan.expand import Leaf
@@ -33,7 +34,7 @@ from trainverify_dsl.plan.model import (
     SpecRef,
     TensorPattern,
 )
-from trainverify_dsl.plan.patterns import pattern_of, zero_step_slice
+from trainverify_dsl.plan.patterns import invalid_segment, pattern_of
 from trainverify_dsl.report import codes_plan as codes
 from trainverify_dsl.report.diagnostics import Collector
 from trainverify_dsl.report.span import Span
@@ -43,7 +44,14 @@ _HEADER_TYPES = (ast.PlanHeader, ast.SpecDecl, ast.MeshDecl, ast.MicrobatchesDec
 _HEADER_WORDS = {ast.PlanHeader: "plan", ast.SpecDecl: "spec", ast.MeshDecl: "mesh",
                  ast.MicrobatchesDecl: "microbatches", ast.LossScaleDecl: "loss-scale",
                  ast.OptimizerDecl: "optimizer", ast.ClipGradNormDecl: "clip-grad-norm"}
-_INT_SETTINGS = ("batch", "seq")
+#: The most devices a mesh may have (rank numbers are int64 everywhere); also keeps every
+#: group size and divisor computed from the mesh small enough to print.
+MAX_DEVICES = 2**63 - 1
+#: Spec settings that must be whole numbers, with their least value; ``n_layers`` overrides
+#: the config's layer count (the pipeline checks use it).
+_INT_SETTINGS = {"batch": 1, "seq": 1, "n_layers": 0}
+#: The spec settings that expressions may name.
+_EXPRESSION_NAMES = ("batch", "seq")
 
 
 @dataclass(slots=True)
@@ -67,6 +75,7 @@ class Builder:
 
     def build(self) -> Plan:
         self._pick_headers()
+        self._repeated_options()
         spec = self._spec()
         self.mesh = self._mesh()
         microbatches, schedule = self._microbatches()
@@ -97,6 +106,20 @@ class Builder:
                 code, f"'{word}' is stated more than once", first.origin, leaf.origin, [],
                 f"keep one '{word}' statement"))
 
+    def _repeated_options(self) -> None:
+        """An option given twice in one statement (``op=sum op=avg``) is an error: which
+        one would count is a guess."""
+        for leaf in self.leaves:
+            seen: dict[str, ast.Option] = {}
+            for option in _options_of(leaf.stmt):
+                first = seen.setdefault(option.key.name, option)
+                if first is not option:
+                    self.collector.add(messages.conflict(
+                        codes.DUPLICATE_OPTION, f"option '{option.key.name}' is given twice",
+                        Origin(first.span, leaf.origin.trail),
+                        Origin(option.span, leaf.origin.trail), [],
+                        f"keep one '{option.key.name}'"))
+
     def _header(self, kind: type) -> tuple[ast.Statement, Origin] | tuple[None, None]:
         leaf = self.headers.get(kind)
         return (leaf.stmt, leaf.origin) if leaf is not None else (None, None)
@@ -114,7 +137,8 @@ class Builder:
         for option in stmt.settings:
             key, sub = option.key.name, Origin(option.span, origin.trail)
             if key in _INT_SETTINGS and not isinstance(option.value, ast.Path | ast.TupleValue):
-                value = self.evaluator.integer(option.value, sub, f"spec {key}", minimum=1)
+                value = self.evaluator.integer(option.value, sub, f"spec {key}",
+                                               minimum=_INT_SETTINGS[key])
                 if value is not None:
                     ints[key] = value
                     settings.append((key, Fraction(value)))
@@ -122,7 +146,8 @@ class Builder:
             value = self.evaluator.option(option.value, sub)
             if value is not None:
                 settings.append((key, value))
-        self.evaluator.names.update({k: Fraction(v) for k, v in ints.items()})
+        self.evaluator.names.update({k: Fraction(v) for k, v in ints.items()
+                                     if k in _EXPRESSION_NAMES})
         config = dict(settings).get("config")
         return SpecRef(stmt.model, config if isinstance(config, str) else None,
                        ints.get("batch"), ints.get("seq"), tuple(settings), origin)
@@ -136,6 +161,7 @@ class Builder:
                     Origin(self._first_span()), help="add e.g. 'mesh dp=2, tp=2'"))
             return None
         axes: list[MeshAxis] = []
+        devices = 1
         for axis in stmt.axes:
             sub = Origin(axis.span, origin.trail)
             if any(a.name == axis.name.name for a in axes):
@@ -143,13 +169,15 @@ class Builder:
                     codes.DUPLICATE_MESH_AXIS, f"mesh axis '{axis.name.name}' is declared twice",
                     sub, help="give every mesh axis a distinct name"))
                 continue
-            size = self._mesh_size(axis, sub)
+            size = self._mesh_size(axis, sub, devices)
             if size is not None:
+                devices *= size
                 axes.append(MeshAxis(axis.name.name, size, axis.span))
                 self.evaluator.names[axis.name.name] = Fraction(size)
         return Mesh(tuple(axes), stmt.span)
 
-    def _mesh_size(self, axis: ast.MeshAxis, origin: Origin) -> int | None:
+    def _mesh_size(self, axis: ast.MeshAxis, origin: Origin, devices: int) -> int | None:
+        """The axis size; ``devices`` is the product of the sizes of the axes before it."""
         value = self.evaluator.number(axis.size, origin)
         if value is None:
             return None
@@ -158,6 +186,13 @@ class Builder:
                 codes.INVALID_MESH_SIZE,
                 f"mesh axis '{axis.name.name}' has size {value}, not a positive integer",
                 origin, help="mesh axis sizes count devices: use a whole number >= 1"))
+            return None
+        if devices * value > MAX_DEVICES:
+            self.collector.add(messages.at(
+                codes.INVALID_MESH_SIZE,
+                f"mesh axis '{axis.name.name}' of size {value} makes the mesh larger than "
+                f"{MAX_DEVICES} devices", origin,
+                help="mesh axis sizes count devices: use realistic sizes"))
             return None
         return int(value)
 
@@ -223,11 +258,10 @@ class Builder:
         return parts, table.layouts() if table is not None else ()
 
     def _target(self, node: ast.Target, origin: Origin) -> TensorPattern | None:
-        bad = zero_step_slice(node)
+        bad = invalid_segment(node)
         if bad is not None:
-            self.collector.add(messages.at(
-                codes.INVALID_NUMBER, "slice step cannot be zero", Origin(bad.span, origin.trail),
-                help="use a positive step such as [0:8:2]"))
+            self.collector.add(messages.at(codes.INVALID_NUMBER, bad.message,
+                                           Origin(bad.span, origin.trail), help=bad.help))
             return None
         return pattern_of(node)
 
@@ -241,11 +275,16 @@ class Builder:
         table.add(claim, key)
 
     def _axes(self, idents: tuple[ast.Ident, ...], origin: Origin, construct: str):
-        names = []
+        """The known axes of an ``over``/``shard over`` group, each once."""
+        names: list[str] = []
         for ident in idents:
+            where = Origin(ident.span, origin.trail)
             if self.mesh is not None and not self.mesh.has(ident.name):
-                self.collector.add(messages.unknown_axis(
-                    ident.name, self.mesh, Origin(ident.span, origin.trail), construct))
+                self.collector.add(messages.unknown_axis(ident.name, self.mesh, where, construct))
+            elif ident.name in names:
+                self.collector.add(messages.at(
+                    codes.AXIS_USED_TWICE, f"mesh axis '{ident.name}' is named twice in the "
+                    f"group of {construct}", where, help="name each mesh axis of a group once"))
             else:
                 names.append(ident.name)
         return tuple(names)
@@ -310,8 +349,8 @@ class Builder:
         known = vocab.COLLECTIVE_REDUCE_OPS.get(construct, vocab.REDUCE_OPS)
         word = self.evaluator.word(option.value)
         if word is None or word not in known:
-            self.collector.add(unknown_reduce_op(str(word or "<number>"), construct, known,
-                                                 origin))
+            self.collector.add(unknown_reduce_op(word or value_text(option.value), construct,
+                                                 known, origin))
             return None
         return word
 
@@ -325,6 +364,11 @@ class Builder:
         self.collector.add(messages.at(
             codes.INVALID_OPTION_VALUE, f"option '{key}' needs {expected}", origin,
             help=f"write {key}=<{expected}>"))
+
+    def _out_of_range(self, key: str, expected: str, got: str, origin: Origin) -> None:
+        self.collector.add(messages.at(
+            codes.INVALID_OPTION_VALUE, f"option '{key}' needs {expected}, got {got}", origin,
+            help="use a value torch.optim accepts"))
 
     def _backward(self, stmt: ast.CollectiveStmt, origin: Origin) -> str | None:
         if stmt.backward is None:
@@ -416,11 +460,21 @@ class Builder:
                 self._invalid_value(key, "a pair of numbers like (0.9, 0.95)", origin)
                 return None
             values = tuple(self.evaluator.number(i, origin) for i in items)
-            return None if None in values else values
+            if None in values:
+                return None
+            if not all(0 <= v < 1 for v in values if v is not None):
+                shown = f"({', '.join(str(v) for v in values)})"
+                self._out_of_range(key, "two numbers in [0, 1) like (0.9, 0.95)", shown, origin)
+                return None
+            return values
         if isinstance(node, ast.Path | ast.TupleValue):
             self._invalid_value(key, "a number", origin)
             return None
-        return self.evaluator.number(node, origin)
+        value = self.evaluator.number(node, origin)
+        if value is not None and value < 0:
+            self._out_of_range(key, "a number of at least 0", str(value), origin)
+            return None
+        return value
 
     def _clip(self) -> ClipGradNorm | None:
         stmt, origin = self._header(ast.ClipGradNormDecl)
@@ -439,6 +493,17 @@ class Builder:
             return None
         options = tuple(o for o in stmt.options if o.key.name in vocab.CLIP_OPTIONS)
         return ClipGradNorm(value, self._free_options(options, origin), origin)
+
+
+def _options_of(stmt: ast.Statement) -> tuple[ast.Option, ...]:
+    """The ``key=value`` options of a statement (the settings of ``spec``)."""
+    match stmt:
+        case ast.SpecDecl():
+            return stmt.settings
+        case (ast.PartialStmt() | ast.CollectiveStmt() | ast.OptimizerDecl()
+              | ast.ClipGradNormDecl() | ast.AlgorithmStmt()):
+            return stmt.options
+    return ()
 
 
 def _int(value: OptionValue | None) -> int | None:

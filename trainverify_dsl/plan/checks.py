@@ -199,18 +199,41 @@ def _duplicate_indices(stages: list[PipelineStage]) -> list[Diagnostic]:
     return found
 
 
+#: Runs of missing pp ranks named in a message before the rest is summarised.
+MAX_LISTED_RUNS = 8
+
+
 def _gaps(stages: list[PipelineStage], pp: int) -> list[Diagnostic]:
     declared = sorted({s.index for s in stages})
-    missing = [i for i in range(pp) if i not in declared]
+    missing = _missing_runs(declared, pp)
     if not declared or not missing:
         return []
     last = max(stages, key=lambda s: s.index)
     return [messages.at(
-        codes.STAGE_GAP, f"pp rank(s) {', '.join(map(str, missing))} have no pipeline stage",
+        codes.STAGE_GAP, f"pp rank(s) {_describe_runs(missing)} have no pipeline stage",
         last.origin,
         notes=[f"mesh axis 'pp' has size {pp}; stages declared: "
                f"{', '.join(map(str, declared))}"],
         help="declare one pipeline-stage per pp rank, numbered 0 .. pp-1")]
+
+
+def _missing_runs(declared: list[int], size: int) -> list[tuple[int, int]]:
+    """The runs ``(first, last)`` of ``0 .. size-1`` not in ``declared`` (sorted, in range),
+    computed from the gaps: ``size`` may be far too large to enumerate."""
+    runs, expected = [], 0
+    for index in [*declared, size]:
+        if index > expected:
+            runs.append((expected, index - 1))
+        expected = index + 1
+    return runs
+
+
+def _describe_runs(runs: list[tuple[int, int]]) -> str:
+    """``1, 3 .. 7`` (at most ``MAX_LISTED_RUNS`` runs, then how many ranks are left)."""
+    parts = [str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a} .. {b}"
+             for a, b in runs[:MAX_LISTED_RUNS]]
+    rest = sum(b - a + 1 for a, b in runs[MAX_LISTED_RUNS:])
+    return ", ".join(parts) + (f" and {rest} more" if rest else "")
 
 
 def _member_overlaps(stages: list[PipelineStage]) -> list[Diagnostic]:
@@ -308,7 +331,10 @@ def _layer_problems(stages: list[PipelineStage], n_layers: int | None,
     if not selections:
         return []
     length = n_layers if n_layers is not None else _assumed_length(selections)
-    if length is None or sum(len(s.layers(length)) for s in selections) > MAX_ASSUMED_LAYERS:
+    # Layers are enumerated below; a count beyond the bound (a typo, an absurd n_layers) skips
+    # the checks rather than hang (and lengths past sys.maxsize would not even have a len()).
+    if length is None or length > MAX_ASSUMED_LAYERS or \
+            sum(len(s.layers(length)) for s in selections) > MAX_ASSUMED_LAYERS:
         return []
     owner: dict[int, _Selection] = {}
     found = []

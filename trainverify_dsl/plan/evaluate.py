@@ -19,6 +19,19 @@ from trainverify_dsl.report.diagnostics import Collector
 #: Names that have values once the header is read, for "did you mean" on unknown names.
 VALUE_NAMES = ("microbatches", "batch", "seq")
 
+#: The largest numerator or denominator (in bits, about 3000 decimal digits) a computed value
+#: may have. Literals stay far below it (at most 1000 digits, exponent at most 1000); products
+#: can grow without bound, and Python refuses to print integers beyond 4300 digits.
+MAX_VALUE_BITS = 10_000
+
+
+_ARITHMETIC = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b,
+}
+
 
 @dataclass(slots=True)
 class Evaluator:
@@ -69,18 +82,19 @@ class Evaluator:
 
     def _binop(self, op: str, left: Fraction, right: Fraction,
                origin: Origin) -> Fraction | None:
-        if op == "+":
-            return left + right
-        if op == "-":
-            return left - right
-        if op == "*":
-            return left * right
-        if right == 0:
+        if op == "/" and right == 0:
             self.collector.add(messages.at(
                 codes.DIVISION_BY_ZERO, f"division by zero: {left} / 0", origin,
                 help="check the divisor; mesh axis sizes and counts are names with values"))
             return None
-        return left / right
+        result = _ARITHMETIC[op](left, right)
+        if max(result.numerator.bit_length(), result.denominator.bit_length()) > MAX_VALUE_BITS:
+            self.collector.add(messages.at(
+                codes.INVALID_NUMBER, "the value of this expression is too large (more than "
+                "3000 digits)", origin, help="plan quantities are far smaller; check the "
+                "exponents and products"))
+            return None
+        return result
 
     def integer(self, node: ast.Expr, origin: Origin, what: str,
                 minimum: int = 0) -> int | None:

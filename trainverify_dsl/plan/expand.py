@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trainverify_dsl.parse import ast
@@ -51,6 +51,8 @@ class _Frame:
     file_key: Path | None
     template: str | None = None
     index: int = 0
+    #: Names in ``env`` bound by an enclosing ``for`` (the rest are template parameters).
+    loop_vars: frozenset[str] = frozenset()
 
     @property
     def top_level(self) -> bool:
@@ -131,7 +133,8 @@ class Expander:
         try:
             flat = substitute.statement(stmt, frame.env)
         except substitute.KindError as err:
-            self.collector.add(messages.expected_kind(err.param, err.expected, err.got, origin))
+            self.collector.add(messages.expected_kind(err.param, err.expected, err.got, origin,
+                                                      loop_variable=err.param in frame.loop_vars))
             return
         self.result.leaves.append(Leaf(flat, origin))
 
@@ -161,11 +164,13 @@ class Expander:
                 elements = _loop_elements(substitute.path(iterable, frame.env))
             except substitute.KindError as err:
                 origin = Origin(stmt.span, frame.trail)
-                self.collector.add(messages.expected_kind(err.param, err.expected, err.got,
-                                                          origin))
+                self.collector.add(messages.expected_kind(
+                    err.param, err.expected, err.got, origin,
+                    loop_variable=err.param in frame.loop_vars))
                 continue
             env = {**frame.env, stmt.var.name: elements}
-            frames.append(_Frame(stmt.body, env, frame.trail + (site,), None, frame.template))
+            frames.append(_Frame(stmt.body, env, frame.trail + (site,), None, frame.template,
+                                 loop_vars=frame.loop_vars | {stmt.var.name}))
         for body_frame in reversed(frames):
             if not self._push(body_frame, stmt):
                 return
@@ -211,8 +216,9 @@ class Expander:
                 scope = frame.env if param.name.name in given else {}
                 env[param.name.name] = substitute.value(value, scope)
             except substitute.KindError as err:
-                self.collector.add(messages.expected_kind(err.param, err.expected, err.got,
-                                                          origin))
+                self.collector.add(messages.expected_kind(
+                    err.param, err.expected, err.got, origin,
+                    loop_variable=err.param in frame.loop_vars and param.name.name in given))
                 return None
         if problems:
             signature = f"{definition.name.name}({', '.join(params)})"
@@ -246,7 +252,10 @@ class Expander:
             return
         self.included.add(key)
         plan_file, diagnostics = self.loader(key, display)
-        self.collector.extend(diagnostics)
+        # The used file's own problems (syntax, encoding) also say where it was used.
+        used_at = f"in the file used at {origin.report_span}"
+        self.collector.extend(replace(d, notes=(*d.notes, used_at))
+                              for d in diagnostics)
         if plan_file is None:
             return
         self.result.files.append(display)
@@ -261,7 +270,7 @@ class Expander:
         tried = []
         for folder in (base, self.project_root):
             candidate = folder / stmt.path
-            tried.append(str(candidate))
+            tried.append(str(candidate) + _not_a_file(candidate))
             if not candidate.is_file():
                 continue
             real = candidate.resolve()
@@ -341,6 +350,17 @@ def _loop_elements(iterable: ast.Path) -> ast.Path:
 def _file_key(path: str) -> Path | None:
     candidate = Path(path)
     return candidate.resolve() if candidate.is_file() else None
+
+
+def _not_a_file(path: Path) -> str:
+    """Why an existing ``path`` cannot be used (`` (a directory)``), or ``""``."""
+    if path.is_dir():
+        return " (a directory)"
+    if path.is_symlink() and not path.exists():
+        return " (a broken symbolic link)"
+    if path.exists() and not path.is_file():
+        return " (not a regular file)"
+    return ""
 
 
 def _within(path: Path, root: Path) -> bool:

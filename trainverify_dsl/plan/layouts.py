@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainverify_dsl.parse import ast
+from trainverify_dsl.parse.format import value_text
 from trainverify_dsl.plan import messages, vocab
 from trainverify_dsl.plan.model import (
     Layout,
@@ -90,14 +91,16 @@ def _partial_op(stmt: ast.PartialStmt, origin: Origin, collector: Collector) -> 
     op = "sum"
     for option in stmt.options:
         key = option.key.name
+        where = Origin(option.span, origin.trail)
         if key not in vocab.PARTIAL_OPTIONS:
-            collector.add(unknown_option("partial", key, vocab.PARTIAL_OPTIONS, origin))
+            collector.add(unknown_option("partial", key, vocab.PARTIAL_OPTIONS, where))
             continue
         word = option.value.name if isinstance(option.value, ast.NameRef) else None
         if isinstance(option.value, ast.Path) and len(option.value.segments) == 1:
             word = getattr(option.value.segments[0], "name", None)
         if word not in vocab.REDUCE_OPS:
-            collector.add(unknown_reduce_op(str(word), "partial", vocab.REDUCE_OPS, origin))
+            collector.add(unknown_reduce_op(word or value_text(option.value), "partial",
+                                            vocab.REDUCE_OPS, where))
             continue
         op = word
     return op

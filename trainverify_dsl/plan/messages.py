@@ -71,7 +71,12 @@ def not_divisible_note(dim: int, size: int, axes: Sequence[tuple[str, int]],
             f"but {divisor} does not evenly divide {size}")
 
 
-def expected_kind(param: str, expected: str, got: str, origin: Origin) -> Diagnostic:
+def expected_kind(param: str, expected: str, got: str, origin: Origin, *,
+                  loop_variable: bool = False) -> Diagnostic:
+    if loop_variable:
+        return at(codes.TEMPLATE_ARGUMENT_KIND,
+                  f"loop variable '{param}' is used as {expected} but is bound to {got}",
+                  origin, help=f"rename the loop variable '{param}': it hides {expected}")
     return at(codes.TEMPLATE_ARGUMENT_KIND,
               f"template parameter '{param}' is used as {expected} but is bound to {got}",
               origin, help=f"pass {expected} for '{param}'")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
+
 from trainverify_dsl.parse import ast
 from trainverify_dsl.plan.model import (
     GlobSeg,
@@ -11,6 +14,7 @@ from trainverify_dsl.plan.model import (
     SliceSeg,
     TensorPattern,
 )
+from trainverify_dsl.report.span import Span
 
 
 def _segment(seg: ast.Segment) -> PatternSegment:
@@ -33,10 +37,33 @@ def pattern_of(node: ast.Path | ast.GradRef) -> TensorPattern:
     return TensorPattern(tuple(_segment(s) for s in node.segments))
 
 
-def zero_step_slice(node: ast.Path | ast.GradRef) -> ast.Slice | None:
-    """A ``[a:b:0]`` segment, which selects nothing and is reported, if any."""
+#: The largest index a path may name: a module list is a Python sequence, so nothing past
+#: ``sys.maxsize`` can exist, and bounds beyond it break ``range``/``len`` downstream.
+MAX_INDEX = sys.maxsize
+
+
+@dataclass(frozen=True, slots=True)
+class BadSegment:
+    """A path segment that selects nothing sensible, with why and how to fix it."""
+
+    span: Span
+    message: str
+    help: str
+
+
+def invalid_segment(node: ast.Path | ast.GradRef) -> BadSegment | None:
+    """The first segment that is a ``[a:b:0]`` slice (it selects nothing) or names an
+    index beyond ``MAX_INDEX``, if any."""
     path = node.path if isinstance(node, ast.GradRef) else node
     for seg in path.segments:
         if isinstance(seg, ast.Slice) and seg.step == 0:
-            return seg
+            return BadSegment(seg.span, "slice step cannot be zero",
+                              "use a positive step such as [0:8:2]")
+        bounds = (seg.index,) if isinstance(seg, ast.Index) else (
+            (seg.start, seg.stop, seg.step) if isinstance(seg, ast.Slice) else ())
+        too_large = next((b for b in bounds if b is not None and abs(b) > MAX_INDEX), None)
+        if too_large is not None:
+            return BadSegment(seg.span, f"index {too_large} is out of range (a module list "
+                                        f"index must be at most {MAX_INDEX} in magnitude)",
+                              "use the index of an existing layer, or omit the bound")
     return None

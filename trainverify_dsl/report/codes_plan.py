@@ -62,7 +62,8 @@ MESH_REDECLARED = _code(
 )
 INVALID_MESH_SIZE = _code(
     "TVP205", "invalid-mesh-size", "a mesh axis size is not a positive integer",
-    "A mesh axis has size 0, a negative size or a fraction.",
+    "A mesh axis has size 0, a negative size or a fraction, or the mesh would hold more "
+    "than 2**63 - 1 devices.",
     "A mesh axis counts devices; it must be a whole number of at least 1.",
     _HEAD + "mesh dp=0, tp=2\n",
     _HEAD + "mesh dp=1, tp=2\n",
@@ -199,8 +200,10 @@ INVALID_NUMBER = _code(
 # ---------------------------------------------------------------- layouts
 
 AXIS_USED_TWICE = _code(
-    "TVP230", "axis-used-twice", "one mesh axis appears twice in one layout",
-    "A `split` or `place` gives one mesh axis two placements (two dimensions, or twice in one).",
+    "TVP230", "axis-used-twice", "one mesh axis appears twice in one layout or group",
+    "A `split` or `place` gives one mesh axis two placements (two dimensions, or twice in one), "
+    "or an `over` group (of a collective, `partial`, `algorithm` or `shard over`) names one "
+    "axis twice.",
     "Each rank holds one block along each axis; an axis can split only one dimension once.",
     _HEAD + _MESH + "split layers.0.wq.weight [tp, tp]\n",
     _HEAD + _MESH + "split layers.0.wq.weight [tp, -]\n",
@@ -340,7 +343,8 @@ MISSING_HYPERPARAMETER = _code(
 )
 INVALID_OPTION_VALUE = _code(
     "TVP255", "invalid-option-value", "an option has a value of the wrong kind",
-    "A numeric option received a word or tuple, `betas` is not a pair of numbers, or a word "
+    "A numeric option received a word or tuple, `betas` is not a pair of numbers in [0, 1), "
+    "an optimizer hyper-parameter is negative (torch.optim rejects these too), or a word "
     "option received a number.",
     "The statement cannot be given a meaning.",
     _HEAD + _MESH + "optimizer adam lr=1e-3 betas=0.9\n",
@@ -402,6 +406,14 @@ UNKNOWN_MODEL_CONFIG = _code(
     'plan demo\nspec "stdlib/models/llama.py:Llama" config llama3_8b batch 8 seq 16\n' + _MESH,
     Severity.WARNING,
 )
+DUPLICATE_OPTION = _code(
+    "TVP267", "duplicate-option", "a statement gives one option twice",
+    "The same `key=` appears twice in one statement (a collective, `partial`, `optimizer`, "
+    "`clip-grad-norm`, `algorithm` or the settings of `spec`).",
+    "Which of the two values counts would be a guess.",
+    _HEAD + _MESH + "all-reduce grad(params) over dp op=sum op=avg\n",
+    _HEAD + _MESH + "all-reduce grad(params) over dp op=avg\n",
+)
 
 CODES: tuple[Code, ...] = (
     MISSING_PLAN_HEADER, PLAN_HEADER_IN_FRAGMENT, REPEATED_HEADER, MISSING_MESH,
@@ -414,5 +426,5 @@ CODES: tuple[Code, ...] = (
     STAGE_ORDER, STAGE_COVERAGE, INVALID_MICROBATCHES, INVALID_LOSS_SCALE, UNKNOWN_OPTIMIZER,
     UNKNOWN_HYPERPARAMETER, MISSING_HYPERPARAMETER, INVALID_OPTION_VALUE, UNKNOWN_OPTION,
     MISSING_OPTION, INVALID_BACKWARD, UNKNOWN_REDUCE_OP, UNKNOWN_ALGORITHM, UNKNOWN_SCHEDULE,
-    UNKNOWN_MODEL_CONFIG,
+    UNKNOWN_MODEL_CONFIG, DUPLICATE_OPTION,
 )

@@ -82,7 +82,8 @@ NESTING_TOO_DEEP = _error(
 
 UNREADABLE_FILE = _error(
     "TVP109", "unreadable-file", "the plan file cannot be read or is not UTF-8",
-    "The file does not exist, cannot be opened, or contains bytes that are not UTF-8 "
+    "The file does not exist, is not a regular file (a directory, a FIFO, a device), cannot "
+    "be opened, is binary (it holds a NUL byte), or contains bytes that are not UTF-8 "
     "(invalid bytes are replaced by U+FFFD and parsing continues).",
     "Nothing can be checked in a file that cannot be read.",
     "tvp lint missing.tvp\n",

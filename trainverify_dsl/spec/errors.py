@@ -22,3 +22,9 @@ def spec_span(where: str) -> Span:
 def fail(code: Code, message: str, where: str = "", notes: tuple[str, ...] = (),
          help: str | None = None) -> SpecError:
     return SpecError([Diagnostic(code, message, spec_span(where), notes, help)])
+
+
+def fail_at(code: Code, message: str, span: Span, notes: tuple[str, ...] = (),
+            help: str | None = None) -> SpecError:
+    """``fail`` at a known source location (a line of the model's code)."""
+    return SpecError([Diagnostic(code, message, span, notes, help)])

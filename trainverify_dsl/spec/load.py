@@ -72,17 +72,32 @@ def _import_file(path: Path) -> Any:
         relative = None
     if relative is not None and all(p.isidentifier() for p in relative.with_suffix("").parts):
         return importlib.import_module(".".join(relative.with_suffix("").parts))
-    spec = importlib.util.spec_from_file_location(f"tvp_user_model_{abs(hash(path))}", path)
+    name = f"tvp_user_model_{abs(hash(path))}"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # Registered like any import, so the module's classes can be inspected (source lines
+    # in diagnostics) and its dataclasses resolve their annotations.
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
     return module
 
 
+#: What user code may raise while it is imported, constructed or traced: any exception, and
+#: ``sys.exit()`` too (a script-style model file must not end ``tvp`` with its own status).
+USER_CODE_ERRORS = (Exception, SystemExit)
+
+
 def _model_class(ref: ModelRef) -> Any:
+    from torch import nn
+
     try:
         module = _import_file(ref.file)
-    except Exception as error:  # noqa: BLE001 - user code may raise anything on import
+    except USER_CODE_ERRORS as error:
         raise fail(codes.MODEL_LOAD_FAILED, f"importing {ref.file.name} failed: "
                    f"{type(error).__name__}: {error}", str(ref.file)) from None
     cls = getattr(module, ref.class_name, None)
@@ -90,6 +105,11 @@ def _model_class(ref: ModelRef) -> Any:
         names = [n for n in vars(module) if isinstance(vars(module)[n], type)]
         raise fail(codes.MODEL_NOT_FOUND, f"{ref.file.name} has no class {ref.class_name!r}",
                    str(ref.file), help=_did_you_mean(ref.class_name, names))
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        what = "a class" if isinstance(cls, type) else f"a {type(cls).__name__}"
+        raise fail(codes.MODEL_NOT_FOUND, f"{ref.file.name}:{ref.class_name} is {what}, "
+                   "not a torch.nn.Module subclass", str(ref.file),
+                   help="name the nn.Module class whose forward returns the loss")
     return cls
 
 
@@ -121,8 +141,30 @@ def load_model(ref: str, config: str | None = None, *, fake: bool = True,
     except KeyError as error:
         raise fail(codes.CONFIG_NOT_FOUND, str(error).strip("'\""), str(model_ref.file)) \
             from None
-    except Exception as error:  # noqa: BLE001 - constructors may raise anything
+    except USER_CODE_ERRORS as error:  # constructors may raise anything
         if type(error).__name__ == "SpecError":
             raise
+        needs_config = model_ref.config is None and hasattr(cls, "from_config_name")
         raise fail(codes.MODEL_LOAD_FAILED, f"constructing {cls.__name__} failed: "
-                   f"{type(error).__name__}: {error}", str(model_ref.file)) from None
+                   f"{type(error).__name__}: {error}", str(model_ref.file),
+                   help="this model is built from a named config: pass --config NAME "
+                        "(see stdlib/models/configs.json)" if needs_config else None) from None
+
+
+def model_input_specs(model: Any, batch: int, seq: int, where: str = "") -> Any:
+    """``model.input_specs(batch, seq)``; a bad size, a missing method or one that raises is a
+    ``SpecError`` (the specs themselves are checked when the tracer builds its inputs)."""
+    for name, value in (("batch", batch), ("seq", seq)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise fail(codes.BAD_INPUT_SPEC, f"{name} must be a whole number of at least 1, "
+                       f"got {value!r}", where)
+    method = getattr(type(model), "input_specs", None)
+    if not callable(method):
+        raise fail(codes.BAD_INPUT_SPEC, f"{type(model).__name__} has no input_specs(batch, "
+                   "seq) method", where, help="add input_specs returning {name: (shape, "
+                   "dtype)} in forward argument order (see docs/models.md)")
+    try:
+        return model.input_specs(batch, seq)
+    except USER_CODE_ERRORS as error:
+        raise fail(codes.BAD_INPUT_SPEC, f"{type(model).__name__}.input_specs({batch}, {seq}) "
+                   f"failed: {type(error).__name__}: {error}", where) from None

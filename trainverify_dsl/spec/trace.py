@@ -20,10 +20,14 @@ import contextlib
 import copy
 import dataclasses
 import enum
+import inspect
+import io
+import logging
 import time
 import traceback
 import types
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,11 +38,12 @@ from trainverify_dsl.ir.program import Program, program_problems
 from trainverify_dsl.ir.split import split_phases
 from trainverify_dsl.ir.types import TensorType
 from trainverify_dsl.report import codes_spec as codes
+from trainverify_dsl.report.span import Span
 from trainverify_dsl.spec.compose import Pieces, compose, step_call
 from trainverify_dsl.spec.convert import DTYPES
 from trainverify_dsl.spec.cut import ANCHOR, BlockStub
-from trainverify_dsl.spec.errors import SpecError, fail
-from trainverify_dsl.spec.fx_import import UnsupportedOps, import_joint
+from trainverify_dsl.spec.errors import SpecError, fail, fail_at, spec_span
+from trainverify_dsl.spec.fx_import import UnsupportedOps, import_joint, user_frame
 from trainverify_dsl.spec.program import BlockGroup, SpecProgram
 
 #: name -> (shape, dtype), in forward-argument order
@@ -79,16 +84,51 @@ def _fakeify(model: nn.Module, mode: Any) -> nn.Module:
     return fake
 
 
+#: The largest tensor dimension torch can describe (sizes are int64).
+MAX_DIM = 2**63 - 1
+
+
+def _input_spec_problem(name: Any, spec: Any) -> str | None:
+    """Why one ``name -> (shape, dtype)`` entry is malformed, or ``None``."""
+    if not isinstance(name, str):
+        return f"input name {name!r} is not a string"
+    if not (isinstance(spec, tuple | list) and len(spec) == 2):
+        return f"input {name!r} maps to {spec!r}, not a (shape, dtype) pair"
+    shape, dtype = spec
+    if dtype not in DTYPES:
+        return f"input {name!r} has dtype {dtype!r}; supported: " + ", ".join(
+            str(d).removeprefix("torch.") for d in DTYPES)
+    if not isinstance(shape, tuple | list | torch.Size) or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in shape):
+        return f"input {name!r} has shape {shape!r}, not a sequence of integers"
+    if not all(1 <= s <= MAX_DIM for s in shape):
+        return f"input {name!r} has shape {tuple(shape)}: every dimension must be at least 1 " \
+               f"and at most {MAX_DIM}"
+    return None
+
+
 def _example_inputs(specs: InputSpecs) -> tuple[torch.Tensor, ...]:
+    if not isinstance(specs, Mapping) or not specs:
+        raise fail(codes.BAD_INPUT_SPEC, f"input specs must be a non-empty mapping "
+                   f"{{name: (shape, dtype)}}, got {specs!r:.200}")
     inputs = []
-    for name, (shape, dtype) in specs.items():
-        if any(int(s) <= 0 for s in shape):
-            raise fail(codes.BAD_INPUT_SPEC, f"input {name!r} has shape {tuple(shape)}")
-        inputs.append(torch.zeros(tuple(int(s) for s in shape), dtype=dtype))
+    for name, spec in specs.items():
+        problem = _input_spec_problem(name, spec)
+        if problem is not None:
+            raise fail(codes.BAD_INPUT_SPEC, problem)
+        shape, dtype = spec
+        try:
+            inputs.append(torch.zeros(tuple(shape), dtype=dtype))
+        except RuntimeError as error:  # e.g. more elements than torch can index
+            raise fail(codes.BAD_INPUT_SPEC, f"input {name!r} of shape {tuple(shape)} cannot "
+                       f"be built: {str(error).strip().splitlines()[0]}") from None
     return tuple(inputs)
 
 
-def _joint(module: nn.Module, args: tuple[Any, ...]) -> torch.fx.GraphModule:
+def _joint(module: nn.Module, args: tuple[Any, ...], *,
+           returns_loss: bool = False) -> torch.fx.GraphModule:
+    """The joint forward+backward graph; ``returns_loss`` first checks that ``module``
+    returns one scalar floating-point tensor (the loss the backward starts from)."""
     from torch._decomp import core_aten_decompositions, get_decompositions
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
@@ -96,11 +136,40 @@ def _joint(module: nn.Module, args: tuple[Any, ...]) -> torch.fx.GraphModule:
     aten = torch.ops.aten
     decompositions.update(get_decompositions([aten.native_layer_norm,
                                               aten.native_layer_norm_backward]))
-    exported = torch.export.export(module, args, strict=False)
+    # On failure torch.export prints the partial graph to stderr; the error is reported as a
+    # diagnostic instead.
+    with contextlib.redirect_stderr(io.StringIO()):
+        exported = torch.export.export(module, args, strict=False)
+    if returns_loss:
+        _check_loss_output(exported, module)
     with contextlib.ExitStack() as stack:
         joint = aot_export_joint_with_descriptors(stack, exported.module(), args,
                                                   decompositions=decompositions)
         return joint.graph_module
+
+
+def _describe_output(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        kind = "tensor" if value.dim() == 0 else f"tensor of shape {tuple(value.shape)}"
+        return f"a {str(value.dtype).removeprefix('torch.')} {kind}"
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+def _check_loss_output(exported: Any, module: nn.Module) -> None:
+    """``forward`` must return exactly one scalar floating-point tensor."""
+    output = next(n for n in exported.graph.nodes if n.op == "output")
+    values = list(output.args[0])[-len(exported.graph_signature.user_outputs):]
+    values = [v.meta.get("val") if isinstance(v, torch.fx.Node) else v for v in values]
+    if not exported.call_spec.out_spec.is_leaf():
+        got = f"a {exported.call_spec.out_spec.type.__name__} of {len(values)} values"
+    elif isinstance(values[0], torch.Tensor) and values[0].dim() == 0 and \
+            values[0].is_floating_point():
+        return
+    else:
+        got = _describe_output(values[0])
+    raise fail_at(codes.TRACE_FAILED, f"{type(module).__name__}.forward must return the "
+                  f"scalar training loss, but it returns {got}", model_span(module),
+                  help="return one floating-point 0-d tensor, e.g. loss.mean()")
 
 
 def _desc_kind(desc: Any) -> str:
@@ -316,7 +385,7 @@ def _trace_outer(model: nn.Module, list_path: str, inputs: tuple[torch.Tensor, .
     original = getattr(parent, attr)
     setattr(parent, attr, nn.ModuleList([BlockStub()]))
     try:
-        gm = _joint(model, inputs)
+        gm = _joint(model, inputs, returns_loss=True)
         names = canonical_names(model)
     finally:
         setattr(parent, attr, original)
@@ -362,8 +431,8 @@ def _trace_pieces(model: nn.Module, inputs: tuple[torch.Tensor, ...],
 def _flat_program(model: nn.Module, inputs: tuple[torch.Tensor, ...], data_names: list[str],
                   program_inputs: tuple[GraphInput, ...], outputs: list[str]) -> Program:
     names = canonical_names(model)
-    graph = import_joint(_joint(model, inputs), _outer_namer(data_names, names),
-                         _outer_output(names))
+    joint = _joint(model, inputs, returns_loss=True)
+    graph = import_joint(joint, _outer_namer(data_names, names), _outer_output(names))
     call = step_call("step", graph, "step", {}, label="training step")
     defined = set(call.results)
     return Program(program_inputs, (("step", graph),), (call,),
@@ -401,16 +470,16 @@ def trace_training_step(model: nn.Module, input_specs: InputSpecs, optimizer: An
         # Real tensor constants created in forward (torch.tensor([...])) become IR literals.
         allow, mode.allow_non_fake_inputs = mode.allow_non_fake_inputs, True
         try:
-            with mode, sdpa_kernel(SDPBackend.MATH):
+            with mode, sdpa_kernel(SDPBackend.MATH), _quiet_torch_logs():
                 spec = _trace_in_mode(fake, input_specs, reuse, exact_reuse)
         finally:
             mode.allow_non_fake_inputs = allow
-    except SpecError:
-        raise
+    except SpecError as error:
+        raise _located(error, model) from None
     except UnsupportedOps as error:
         raise _unsupported_error(error) from None
-    except Exception as error:  # noqa: BLE001 - torch raises many types; all become diagnostics
-        raise _trace_error(error) from None
+    except (Exception, SystemExit) as error:  # torch and user code raise anything
+        raise _trace_error(error, model) from None
     if optimizer is not None:
         from trainverify_dsl.spec.optim import append_optimizer
 
@@ -449,9 +518,6 @@ def _trace_in_mode(model: nn.Module, specs: InputSpecs, reuse: bool,
 
 
 def _stack_span(stack: str) -> Any:
-    from trainverify_dsl.report.span import Span
-    from trainverify_dsl.spec.errors import spec_span
-
     path, _, line = stack.rpartition(":")
     return Span(path, int(line), 1, int(line), 1) if line.isdigit() else spec_span("")
 
@@ -472,14 +538,77 @@ def _unsupported_error(error: UnsupportedOps) -> SpecError:
                                                 _stack_span(""))])
 
 
-def _trace_error(error: Exception) -> SpecError:
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """Silence torch's warnings while tracing (a failed guard logs whole FX graphs on
+    stderr); every problem reaches the user as a diagnostic instead."""
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name == "torch" or name.startswith("torch.")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def model_span(model: nn.Module) -> Span:
+    """Where a whole-model problem is reported: the model's ``def forward`` line, else the
+    line of its ``class``, else the class name (no source known)."""
+    cls = type(model)
+    forward = getattr(cls, "forward", None)
+    code = getattr(forward, "__code__", None)
+    if code is not None and forward is not nn.Module.forward:
+        return Span(code.co_filename, code.co_firstlineno, 1, code.co_firstlineno, 1)
+    try:
+        file, line = inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1]
+    except (OSError, TypeError):
+        return spec_span(cls.__qualname__)
+    return Span(file or cls.__module__, line, 1, line, 1)
+
+
+def _located(error: SpecError, model: nn.Module) -> SpecError:
+    """``error`` with the diagnostics that name no place moved to ``model_span``."""
+    unplaced = spec_span("")
+    return SpecError([dataclasses.replace(d, span=model_span(model)) if d.span == unplaced
+                      else d for d in error.diagnostics])
+
+
+def _user_frames(error: BaseException) -> list[traceback.FrameSummary]:
+    """The traceback frames in user code (outside torch, Python's library and this package)
+    of ``error``, else of the exceptions it was raised from or while handling."""
+    skip = (str(Path(torch.__file__).parent.parent), str(Path(inspect.__file__).parent),
+            str(Path(__file__).parent.parent))
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        frames = [f for f in traceback.extract_tb(current.__traceback__)
+                  if not f.filename.startswith(skip) and not f.filename.startswith("<")]
+        if frames:
+            return frames
+        current = current.__cause__ or current.__context__
+    return []
+
+
+def _trace_error(error: BaseException, model: nn.Module) -> SpecError:
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    user = _user_frames(error)
+    # Errors raised while re-running a traced graph quote the user's line in their text.
+    quoted = user_frame(str(error))
+    if user:
+        span = Span(user[-1].filename, user[-1].lineno or 1, 1, user[-1].lineno or 1, 1)
+    else:
+        span = _stack_span(quoted) if quoted else model_span(model)
     if "DynamicOutputShape" in type(error).__name__ or "data-dependent" in str(error) or \
             "DataDependent" in type(error).__name__:
-        return fail(codes.DATA_DEPENDENT_SHAPE, f"value-dependent tracing: {text}",
-                    help="shapes and Python control flow must not read tensor values "
-                         "(.item(), nonzero, masks); tensor constants created in forward "
-                         "(torch.tensor([...])) are read this way: register them as a buffer")
-    frames = traceback.extract_tb(error.__traceback__)[-3:]
+        return fail_at(codes.DATA_DEPENDENT_SHAPE, f"value-dependent tracing: {text}", span,
+                       help="shapes and Python control flow must not read tensor values "
+                            "(.item(), nonzero, masks); tensor constants created in forward "
+                            "(torch.tensor([...])) are read this way: register them as a "
+                            "buffer")
+    frames = user[-3:] or traceback.extract_tb(error.__traceback__)[-3:]
     notes = tuple(f"at {f.filename}:{f.lineno} in {f.name}" for f in frames)
-    return fail(codes.TRACE_FAILED, f"{type(error).__name__}: {text}", notes=notes)
+    return fail_at(codes.TRACE_FAILED, f"{type(error).__name__}: {text}", span, notes=notes)

@@ -96,7 +96,11 @@ class FileSources:
 
 
 def _read_text(file: str) -> str | None:
+    """The file's text; ``None`` for anything but a regular file (reading a FIFO or a device
+    such as /dev/zero could block or never end)."""
     try:
+        if not Path(file).is_file():
+            return None
         return Path(file).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None

@@ -173,6 +173,9 @@ def measure_in_process(plan_file: Path, runs: int) -> list[Row]:
     cold = time.perf_counter() - start
     warm = median_seconds(lambda: lint_paths([str(plan_file)]), runs)
     parse = median_seconds(lambda: parse_source(text, str(plan_file)), runs)
+    bare = _bare_lark()
+    floor = median_seconds(lambda: bare.parse(text), runs)
+    loop = median_seconds(_empty_loop, runs)
     per_kline = warm / max(text.count("\n"), 1) * 1000
     return [
         ("diagnostics / internal failures",
@@ -181,7 +184,26 @@ def measure_in_process(plan_file: Path, runs: int) -> list[Row]:
         (f"in-process `lint_paths`, median of {runs}",
          f"{ms(warm)} ({ms(per_kline)} per 1k lines)"),
         (f"of which parsing (`parse_source`), median of {runs}", ms(parse)),
+        (f"floor: Lark alone on the same text (lex + LALR, no AST), median of {runs}",
+         ms(floor)),
+        (f"machine speed: 10 million empty Python loop iterations, median of {runs}",
+         ms(loop)),
     ]
+
+
+def _bare_lark():
+    """Our grammar in Lark with no AST building: the cost no code of ours can remove."""
+    from lark import Lark
+
+    from trainverify_dsl.parse.grammar import GRAMMAR_FILE, TvpIndenter
+
+    return Lark(GRAMMAR_FILE.read_text(encoding="utf-8"), parser="lalr", lexer="contextual",
+                postlex=TvpIndenter(), keep_all_tokens=True, maybe_placeholders=False)
+
+
+def _empty_loop() -> None:
+    for _ in range(10_000_000):
+        pass
 
 
 def measure_cli(plan_file: Path, runs: int) -> list[Row]:

@@ -1,8 +1,24 @@
-"""Shared pytest setup: the project root (for `stdlib.models`) is importable."""
+"""Shared pytest setup: the project root (for `stdlib.models`) is importable; a `float64`
+fixture for tests that compare with torch numerically."""
 
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture
+def float64():
+    """torch's default dtype float64 and a fixed seed for one test, restored afterwards.
+    Modules opt in with ``pytestmark = pytest.mark.usefixtures("float64")``."""
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    torch.manual_seed(0)
+    yield
+    torch.set_default_dtype(previous)

@@ -19,14 +19,7 @@ from stdlib.models.common import (
     rope_tables,
 )
 
-
-@pytest.fixture(autouse=True)
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    torch.manual_seed(0)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64")
 
 
 def test_rmsnorm_matches_formula():

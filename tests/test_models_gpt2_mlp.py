@@ -7,14 +7,7 @@ import torch.nn.functional as F
 from stdlib.models.gpt2 import GPT2
 from stdlib.models.mlp import MLP
 
-
-@pytest.fixture(autouse=True)
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    torch.manual_seed(0)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64")
 
 
 def test_gpt2_module_tree():

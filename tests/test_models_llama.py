@@ -5,14 +5,7 @@ import torch
 
 from stdlib.models.llama import Llama
 
-
-@pytest.fixture(autouse=True)
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    torch.manual_seed(0)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64")
 
 
 def tokens_for(model, batch=2, seq=8):

@@ -190,3 +190,30 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     log_probs = torch.log_softmax(logits, dim=-1)
     picked = torch.gather(log_probs, -1, labels.unsqueeze(-1)).squeeze(-1)
     return -picked.mean()
+
+
+class RopeDecoderLM(nn.Module):
+    """The trunk shared by the RoPE decoder LMs (Llama, DeepSeek-V3): ``embed`` → every block
+    of ``layers`` called as ``layer(h, cos, sin)`` → ``norm`` → ``output``; the loss is
+    ``lm_loss``. Subclasses build those modules and call ``register_rope`` once."""
+
+    config: Any
+
+    def register_rope(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """RoPE tables as non-persistent buffers: inputs of the traced step, not parameters."""
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def input_specs(self, batch: int, seq: int) -> InputSpecs:
+        return token_input_specs(batch, seq, self.config.max_seq_len)
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        seq = tokens.shape[1]
+        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        h = self.embed(tokens)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.output(self.norm(h))
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return lm_loss(self.logits(tokens), labels)

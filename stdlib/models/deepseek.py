@@ -18,17 +18,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from stdlib.models.common import (
-    InputSpecs,
     RMSNorm,
+    RopeDecoderLM,
     SwiGLU,
     apply_rope,
     causal_attention,
-    lm_loss,
     load_config,
     merge_heads,
     rope_tables,
     split_heads,
-    token_input_specs,
 )
 
 
@@ -221,7 +219,7 @@ class Block(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
-class DeepSeekV3(nn.Module):
+class DeepSeekV3(RopeDecoderLM):
     """Embedding, dense then MoE blocks, final RMSNorm, untied output head (no MTP module).
 
     RoPE tables `rope_cos`/`rope_sin` `[max_seq_len, qk_rope_head_dim // 2]` are non-persistent
@@ -236,23 +234,8 @@ class DeepSeekV3(nn.Module):
         self.norm = RMSNorm(config.hidden, config.norm_eps)
         self.output = nn.Linear(config.hidden, config.vocab_size, bias=False)
         cos, sin = rope_tables(config.qk_rope_head_dim, config.max_seq_len, config.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_rope(cos, sin)
 
     @classmethod
     def from_config_name(cls, name: str, **overrides: Any) -> DeepSeekV3:
         return cls(load_config(DeepSeekConfig, name, "DeepSeekV3", overrides))
-
-    def input_specs(self, batch: int, seq: int) -> InputSpecs:
-        return token_input_specs(batch, seq, self.config.max_seq_len)
-
-    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        seq = tokens.shape[1]
-        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
-        h = self.embed(tokens)
-        for layer in self.layers:
-            h = layer(h, cos, sin)
-        return self.output(self.norm(h))
-
-    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return lm_loss(self.logits(tokens), labels)

@@ -10,19 +10,17 @@ import torch
 from torch import nn
 
 from stdlib.models.common import (
-    InputSpecs,
     RMSNorm,
+    RopeDecoderLM,
     RopeScaling,
     SwiGLU,
     apply_rope,
     causal_attention,
-    lm_loss,
     load_config,
     merge_heads,
     repeat_kv,
     rope_tables,
     split_heads,
-    token_input_specs,
 )
 
 
@@ -102,7 +100,7 @@ class Block(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
-class Llama(nn.Module):
+class Llama(RopeDecoderLM):
     """Token embedding, `n_layers` pre-norm blocks, final RMSNorm, untied output projection.
 
     The RoPE tables `rope_cos`/`rope_sin` `[max_seq_len, head_dim // 2]` are non-persistent
@@ -119,23 +117,8 @@ class Llama(nn.Module):
         cos, sin = rope_tables(
             config.head_dim, config.max_seq_len, config.rope_theta, config.rope_scaling
         )
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_rope(cos, sin)
 
     @classmethod
     def from_config_name(cls, name: str, **overrides: Any) -> Llama:
         return cls(load_config(LlamaConfig, name, "Llama", overrides))
-
-    def input_specs(self, batch: int, seq: int) -> InputSpecs:
-        return token_input_specs(batch, seq, self.config.max_seq_len)
-
-    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        seq = tokens.shape[1]
-        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
-        h = self.embed(tokens)
-        for layer in self.layers:
-            h = layer(h, cos, sin)
-        return self.output(self.norm(h))
-
-    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return lm_loss(self.logits(tokens), labels)

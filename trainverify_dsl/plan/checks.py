@@ -18,6 +18,8 @@ from trainverify_dsl.plan.model import (
     IndexSeg,
     Layout,
     Mesh,
+    Origin,
+    PatternSegment,
     PipelineStage,
     Plan,
     SliceSeg,
@@ -43,6 +45,49 @@ def check_plan(plan: Plan, collector: Collector, project_root: Path) -> None:
     n_layers = layer_count(plan, project_root, collector)
     for diagnostic in check_pipeline(plan, plan.mesh, n_layers):
         collector.add(diagnostic)
+    if n_layers is not None:
+        collector.extend(find_layers_out_of_range(plan, n_layers))
+
+
+# ---------------------------------------------------------------- layer indices
+
+
+def _targets(plan: Plan) -> list[tuple[TensorPattern, Origin]]:
+    """Every tensor pattern a statement names, with the statement's origin."""
+    found = [(layout.target, origin) for layout in plan.layouts for origin in layout.origins]
+    found += [(m, stage.origin) for stage in plan.stages for m in stage.members]
+    found += [(c.target, c.origin) for c in plan.collectives]
+    found += [(s.target, s.origin) for s in plan.sends]
+    found += [(t, a.origin) for a in plan.algorithms for t in a.targets]
+    return found
+
+
+def _beyond(segment: PatternSegment, n_layers: int) -> bool:
+    """An index past the end, or a slice whose explicit bound reaches past it."""
+    if isinstance(segment, IndexSeg):
+        return not -n_layers <= segment.index < n_layers
+    if isinstance(segment, SliceSeg):
+        bounds = [b for b in (segment.start, segment.stop) if b is not None]
+        # bool(range), not len(range): the layer count may exceed a C ssize_t.
+        return any(not -n_layers <= b <= n_layers for b in bounds) or not segment.indices(
+            n_layers)
+    return False
+
+
+def find_layers_out_of_range(plan: Plan, n_layers: int) -> list[Diagnostic]:
+    found, seen = [], set()
+    for target, origin in _targets(plan):
+        segments = target.segments
+        if len(segments) < 2 or target.head != vocab.LAYER_LIST:
+            continue
+        if not _beyond(segments[1], n_layers) or (str(target), origin.span) in seen:
+            continue
+        seen.add((str(target), origin.span))
+        found.append(messages.at(
+            codes.LAYER_OUT_OF_RANGE, f"'{target}' names layers beyond the last one", origin,
+            notes=[f"the model has {n_layers} layers (layers[0:{n_layers}])"],
+            help="check the spec's config, or use layer indices below the layer count"))
+    return found
 
 
 # ---------------------------------------------------------------- inputs (tokens, labels)
@@ -408,13 +453,6 @@ def _order(selections: list[_Selection], length: int) -> list[Diagnostic]:
 
 def _coverage(selections: list[_Selection], owned: set[int], n_layers: int) -> list[Diagnostic]:
     found = []
-    for sel in selections:
-        if sel.kind == "index" and sel.index >= n_layers:
-            found.append(messages.at(
-                codes.STAGE_COVERAGE, f"'{sel.member}' names a layer beyond the last one",
-                sel.stage.origin, notes=[f"the model has {n_layers} layers (0 .. "
-                                         f"{n_layers - 1})"],
-                help="use layer indices below the layer count"))
     missing = [i for i in range(n_layers) if i not in owned]
     if missing:
         last = max((s.stage for s in selections), key=lambda s: s.index)

@@ -414,6 +414,18 @@ DUPLICATE_OPTION = _code(
     _HEAD + _MESH + "all-reduce grad(params) over dp op=sum op=avg\n",
     _HEAD + _MESH + "all-reduce grad(params) over dp op=avg\n",
 )
+LAYER_OUT_OF_RANGE = _code(
+    "TVP268", "layer-out-of-range", "a statement names layers the model does not have",
+    "With a known layer count (a stdlib config, or `n_layers` on the spec line), a target such "
+    "as `layers.40.attention.wq.weight`, or a slice `layers[24:40]`, reaches past the last "
+    "layer.",
+    "The statement silently applies to fewer layers than written (or to none): usually the "
+    "plan was written for another model size.",
+    'plan demo\nspec "stdlib/models/llama.py:Llama" config llama_tiny batch 8 seq 16\n' + _MESH
+    + "split layers.2.attention.wq.weight [tp, -]\n",
+    'plan demo\nspec "stdlib/models/llama.py:Llama" config llama_tiny batch 8 seq 16\n' + _MESH
+    + "split layers.1.attention.wq.weight [tp, -]\n",
+)
 
 CODES: tuple[Code, ...] = (
     MISSING_PLAN_HEADER, PLAN_HEADER_IN_FRAGMENT, REPEATED_HEADER, MISSING_MESH,
@@ -426,5 +438,5 @@ CODES: tuple[Code, ...] = (
     STAGE_ORDER, STAGE_COVERAGE, INVALID_MICROBATCHES, INVALID_LOSS_SCALE, UNKNOWN_OPTIMIZER,
     UNKNOWN_HYPERPARAMETER, MISSING_HYPERPARAMETER, INVALID_OPTION_VALUE, UNKNOWN_OPTION,
     MISSING_OPTION, INVALID_BACKWARD, UNKNOWN_REDUCE_OP, UNKNOWN_ALGORITHM, UNKNOWN_SCHEDULE,
-    UNKNOWN_MODEL_CONFIG, DUPLICATE_OPTION,
+    UNKNOWN_MODEL_CONFIG, DUPLICATE_OPTION, LAYER_OUT_OF_RANGE,
 )

@@ -213,14 +213,8 @@ class AstBuilder:
         raise self._placement_error(raw, f"unknown placement '{name}'")
 
     def place_empty(self, raw, children) -> ast.Placement:
-        name = str(children[0])
-        if name in _REPLICATE_NAMES:
-            return ast.Placement("replicate", None, None, None, self.span(raw))
-        if name in _PARTIAL_NAMES:
-            return ast.Placement("partial", None, None, None, self.span(raw))
-        if name in _SHARD_NAMES:
-            raise self._placement_error(raw, f"'{name}' needs the tensor dimension: {name}(0)")
-        raise self._placement_error(raw, f"unknown placement '{name}'")
+        """``R()`` / ``Partial()``: the same meaning as the bare name."""
+        return self.place_bare(raw, children)
 
     def place_dim(self, raw, children) -> ast.Placement:
         name, dim = str(children[0]), children[1]

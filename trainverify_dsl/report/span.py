@@ -26,13 +26,6 @@ class Span:
     def point(file: str, line: int, col: int) -> Span:
         return Span(file, line, col, line, col + 1)
 
-    def merge(self, other: Span) -> Span:
-        """The smallest span covering both (same file assumed)."""
-        first = self if (self.line, self.col) <= (other.line, other.col) else other
-        last = self if (self.end_line, self.end_col) >= (other.end_line, other.end_col) else other
-        return Span(self.file, first.line, first.col, last.end_line, last.end_col,
-                    first.start_pos, last.end_pos)
-
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
 

@@ -71,9 +71,6 @@ class Ctx:
         val = self.out_val[0] if isinstance(self.out_val, (tuple, list)) else self.out_val
         return tensor_type(val)
 
-    def out_at(self, index: int) -> TensorType:
-        return tensor_type(self.out_val[index])
-
     def type(self, v: V) -> TensorType:
         return self.builder.value_type(v.id)
 

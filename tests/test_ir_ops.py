@@ -174,6 +174,7 @@ COLLECTIVE_CASES = {
     "reduce_scatter": [({"dim": 0, "op": "sum"}, lambda xs: list(sum(xs).chunk(4, 0)))],
     "all_to_all": [({"split_dim": 1, "concat_dim": 0},
                     lambda xs: [torch.cat([x.chunk(4, 1)[j] for x in xs], 0) for j in range(4)])],
+    "local_scatter": [({"dim": 1}, lambda xs: [x.chunk(4, 1)[k] for k, x in enumerate(xs)])],
     "send_recv": [({"pairs": ((0, 1), (1, 2), (2, 0))},
                    lambda xs: [xs[2], xs[0], xs[1], torch.zeros_like(xs[3])])],
 }

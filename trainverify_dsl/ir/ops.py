@@ -488,6 +488,8 @@ def _combine(arrays: list[np.ndarray], op: str) -> np.ndarray:
         return stacked.sum(axis=0) / len(arrays)
     if op == "max":
         return stacked.max(axis=0)
+    if op == "min":
+        return stacked.min(axis=0)
     raise ShapeError(f"unknown reduce op {op!r}")
 
 
@@ -726,6 +728,11 @@ _ENTRIES: tuple[OpDef, ...] = (
     _op("all_to_all", "collective", "chunk j of rank i goes to rank j, concatenated by source",
         1, ("axis", "concat_dim", "group_size", "split_dim"), _collective_rule("all_to_all"),
         _all_to_all_np, collective=True),
+    _op("local_scatter", "collective", "rank r keeps chunk r (along dim) of its own array", 1,
+        ("axis", "dim", "group_size"), _collective_rule("scatter"),
+        lambda per_rank, a: [np.split(x, a["group_size"], axis=a["dim"])[k].copy()
+                             for k, x in enumerate(_check_group(per_rank, a))],
+        collective=True),
     _op("send_recv", "collective", "point-to-point: dst receives src's array per (src, dst)", 1,
         ("axis", "group_size", "pairs"), _collective_rule("send_recv"), _send_recv_np,
         collective=True),

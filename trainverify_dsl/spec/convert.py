@@ -605,6 +605,33 @@ def _sort(cx: Ctx, a: dict[str, Any]) -> tuple[Callable[[], V], ...]:
             lambda: cx.emit("sort_indices", (x,), attrs))
 
 
+# -- collectives of lowered local programs (trainverify_dsl.lower.collectives) -------------------
+
+#: ``tvp.collective`` kind -> IR op (the IR's ``scatter`` is the index op, hence ``local_scatter``)
+_COLLECTIVE_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather",
+                   "reduce_scatter": "reduce_scatter", "all_to_all": "all_to_all",
+                   "scatter": "local_scatter"}
+
+
+@converts("tvp.collective")
+def _collective(cx: Ctx, a: dict[str, Any]) -> V:
+    x, kind = a["x"], a["kind"]
+    if kind == "identity":
+        return x
+    if kind not in _COLLECTIVE_OPS:
+        raise UnsupportedOp(f"tvp.collective of kind {kind!r}")
+    rank = cx.type(x).rank
+    attrs: dict[str, Any] = {"axis": a["axes"], "group_size": a["group_size"]}
+    if kind in ("all_reduce", "reduce_scatter"):
+        attrs["op"] = a["op"]
+    if kind == "all_to_all":
+        attrs["split_dim"] = _dim(a["dim"], rank)
+        attrs["concat_dim"] = _dim(a["dim2"], rank)
+    elif kind != "all_reduce":
+        attrs["dim"] = _dim(a["dim"], rank)
+    return cx.emit(_COLLECTIVE_OPS[kind], (x,), attrs)
+
+
 # -- driver ------------------------------------------------------------------------------------
 
 

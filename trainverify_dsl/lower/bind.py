@@ -1,0 +1,298 @@
+"""Binding: the plan's names resolved against the traced spec model.
+
+Parameters are named by their torch path (``layers.3.attention.wq.weight``), activations by a
+module boundary (``layers.3.attention.wo.out`` / ``.in``), model inputs by name, ``loss``, and
+gradients as ``grad(parameter)``. A pattern that selects nothing is an error at its plan span
+with the closest existing names; a split that does not divide a parameter's or input's
+dimension is an error too (Rule 2.1) — both are things ``tvp lint`` cannot see without torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from trainverify_dsl.lower.findings import Finding
+from trainverify_dsl.lower.layout import MICROBATCH_AXIS, Factor, TLayout, ways
+from trainverify_dsl.plan.model import (
+    Algorithm,
+    Collective,
+    Layout,
+    Partial,
+    Plan,
+    TensorPattern,
+)
+from trainverify_dsl.report.span import Span
+
+#: Axes a layout never shards (the pipeline axis places, it does not split).
+PLACEMENT_AXES = ("pp",)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    layout: Layout
+
+    @property
+    def span(self) -> Span | None:
+        return self.layout.origins[-1].span if self.layout.origins else None
+
+
+@dataclass
+class Binding:
+    plan: Plan
+    params: dict[str, tuple[int, ...]]
+    data: dict[str, tuple[int, ...]]
+    modules: set[str]
+    errors: list[Finding] = field(default_factory=list)
+    warnings: list[Finding] = field(default_factory=list)
+    #: per stage index: member patterns
+    stage_members: list[tuple[TensorPattern, ...]] = field(default_factory=list)
+    param_layouts: dict[str, Layout] = field(default_factory=dict)
+    data_layouts: dict[str, Layout] = field(default_factory=dict)
+    point_collectives: dict[str, list[Collective]] = field(default_factory=dict)
+    #: gradient statements in order, with the parameters each names
+    grad_statements: list[tuple[Collective, tuple[str, ...]]] = field(default_factory=list)
+    claims: dict[str, list[Claim]] = field(default_factory=dict)
+    grad_claims: dict[str, Layout] = field(default_factory=dict)
+    #: algorithm -> concrete module paths (and ``loss``)
+    algorithms: list[tuple[Algorithm, tuple[str, ...]]] = field(default_factory=list)
+
+    # -- layouts of inputs ----------------------------------------------------------------
+
+    def _tlayout(self, layout: Layout | None, shape: tuple[int, ...], name: str,
+                 sizes: Mapping[str, int], batch: bool) -> TLayout:
+        dims = []
+        for d, n in enumerate(shape):
+            axes = tuple(a for a in (layout.axes_of_dim(d) if layout else ())
+                         if a not in PLACEMENT_AXES)
+            if batch and d == 0:
+                axes = axes + (MICROBATCH_AXIS,)
+            dims.append((Factor(int(n), axes),))
+        return TLayout(tuple(dims))
+
+    def param_layout(self, name: str, shape: tuple[int, ...],
+                     sizes: Mapping[str, int]) -> TLayout:
+        return self._tlayout(self.param_layouts.get(name), shape, name, sizes, batch=False)
+
+    def param_span(self, name: str) -> Span | None:
+        layout = self.param_layouts.get(name)
+        return layout.origins[-1].span if layout and layout.origins else None
+
+    def data_layout(self, name: str, shape: tuple[int, ...],
+                    sizes: Mapping[str, int]) -> TLayout:
+        return self._tlayout(self.data_layouts.get(name), shape, name, sizes, batch=True)
+
+    def data_axes(self) -> set[str]:
+        """Axes that split any model input (docs/semantics.md §4.1)."""
+        return {a for layout in self.data_layouts.values() for _, axes in layout.dim_axes
+                for a in axes if a not in PLACEMENT_AXES}
+
+    # -- stages -------------------------------------------------------------------------
+
+    def stage_of_module(self, path: str) -> int | None:
+        if not self.stage_members:
+            return 0
+        parts = path.split(".") if path else []
+        for end in range(len(parts), 0, -1):
+            prefix = ".".join(parts[:end])
+            for index, members in enumerate(self.stage_members):
+                if any(m.head != "loss" and m.matches(prefix) for m in members):
+                    return index
+        return None
+
+    def stage_of_stack(self, stack: Sequence[str]) -> int | None:
+        if not self.stage_members:
+            return 0
+        for path in reversed(stack):
+            stage = self.stage_of_module(path)
+            if stage is not None:
+                return stage
+        return None
+
+    def loss_stage(self) -> int | None:
+        if not self.stage_members:
+            return 0
+        for index, members in enumerate(self.stage_members):
+            if any(str(m) == "loss" for m in members):
+                return index
+        return None
+
+    def stage_span(self, index: int) -> Span | None:
+        for stage in self.plan.stages:
+            if stage.index == index:
+                return stage.origin.span
+        return self.plan.mesh.span if self.plan.mesh else None
+
+    def loss_span(self) -> Span | None:
+        claims = self.claims.get("loss")
+        if claims:
+            return claims[-1].span
+        stage = self.loss_stage()
+        if self.stage_members and stage is not None:
+            return self.stage_span(stage)
+        return self.plan.spec.origin.span if self.plan.spec else None
+
+    # -- statements at points -----------------------------------------------------------
+
+    def collectives_at(self, point: str) -> list[Collective]:
+        return self.point_collectives.get(point, [])
+
+    def claims_at(self, point: str) -> list[Claim]:
+        return self.claims.get(point, [])
+
+    def marked_modules(self) -> set[str]:
+        points = set(self.point_collectives) | {p for p in self.claims if p != "loss"}
+        modules = {p.rsplit(".", 1)[0] for p in points}
+        for _, paths in self.algorithms:
+            modules.update(p for p in paths if p != "loss")
+        return modules
+
+    def algorithm_for(self, module: str) -> Algorithm | None:
+        for algorithm, paths in self.algorithms:
+            if module in paths:
+                return algorithm
+        return None
+
+
+def _points(modules: set[str]) -> list[str]:
+    points = []
+    for path in sorted(modules):
+        if path:
+            points += [f"{path}.in", f"{path}.out"]
+    return points
+
+
+def _span(origin: Any) -> Span | None:
+    return getattr(origin, "span", None)
+
+
+class _Binder:
+    def __init__(self, plan: Plan, model: nn.Module, data: Mapping[str, tuple[int, ...]],
+                 sizes: Mapping[str, int]) -> None:
+        self.plan, self.sizes = plan, sizes
+        params = {name: tuple(p.shape) for name, p in model.named_parameters()}
+        modules = {name for name, _ in model.named_modules()}
+        self.b = Binding(plan, params, dict(data), modules)
+        self.points = _points(modules)
+
+    def error(self, message: str, span: Span | None, help: str | None = None) -> None:
+        self.b.errors.append(Finding("binding", message, span, "", help))
+
+    def unknown(self, pattern: TensorPattern, span: Span | None, candidates: list[str],
+                what: str) -> None:
+        close = difflib.get_close_matches(str(pattern), candidates, n=3, cutoff=0.6)
+        help = "did you mean " + " or ".join(f"`{c}`" for c in close) + "?" if close else None
+        self.error(f"`{pattern}` names no {what} of the spec model", span, help)
+
+    def run(self) -> Binding:
+        self._layouts()
+        self._collectives()
+        self._stages()
+        self._algorithms()
+        return self.b
+
+    def _layouts(self) -> None:
+        b = self.b
+        for layout in self.plan.layouts:
+            target, span = layout.target, layout.origins[-1].span if layout.origins else None
+            if target.grad:
+                names = [n for n in b.params if target.matches(f"grad({n})")]
+                if not names:
+                    self.unknown(target, span, [f"grad({n})" for n in b.params], "gradient")
+                for n in names:
+                    b.grad_claims[n] = layout
+                continue
+            params = [n for n in b.params if target.matches(n)]
+            data = [n for n in b.data if target.matches(n)]
+            points = [p for p in self.points + ["loss"] if target.matches(p)]
+            if not (params or data or points):
+                self.unknown(target, span, list(b.params) + list(b.data) + self.points +
+                             ["loss"], "parameter, input or module boundary")
+                continue
+            for name in params + data:
+                if layout.partial_axes:
+                    self.error(f"`{name}` is a {'parameter' if name in b.params else 'model input'}"
+                               ": a layout on it defines how it is distributed and cannot be "
+                               "partial (Rule 2.3)", span)
+                    continue
+                shape = b.params.get(name) or b.data[name]
+                self._divides(name, shape, layout, span, batch=name in b.data)
+                (b.param_layouts if name in b.params else b.data_layouts)[name] = layout
+            for point in points:
+                b.claims.setdefault(point, []).append(Claim(layout))
+
+    def _divides(self, name: str, shape: tuple[int, ...], layout: Layout, span: Span | None,
+                 batch: bool) -> None:
+        for d, axes in layout.dim_axes:
+            axes = tuple(a for a in axes if a not in PLACEMENT_AXES)
+            if d >= len(shape):
+                self.error(f"`{name}` has {len(shape)} dimensions; the layout splits "
+                           f"dimension {d}", span)
+                continue
+            n = ways(axes, self.sizes) * (self.sizes[MICROBATCH_AXIS] if batch and d == 0
+                                          else 1)
+            if shape[d] % n:
+                extra = " x microbatches" if batch and d == 0 else ""
+                self.error(f"`{name}` dimension {d} has size {shape[d]}, not divisible by "
+                           f"{', '.join(axes) or 'the'}{extra} ({n}) (Rule 2.1: no padding)",
+                           span)
+
+    def _collectives(self) -> None:
+        b = self.b
+        for st in self.plan.collectives:
+            target, span = st.target, st.origin.span
+            if target.grad:
+                names = tuple(n for n in b.params if target.matches(f"grad({n})"))
+                if not names:
+                    self.unknown(target, span, [f"grad({n})" for n in b.params], "gradient")
+                b.grad_statements.append((st, names))
+                continue
+            points = [p for p in self.points if target.matches(p)]
+            if not points:
+                self.unknown(target, span, self.points, "module boundary (`.in` / `.out`)")
+            for point in points:
+                b.point_collectives.setdefault(point, []).append(st)
+
+    def _stages(self) -> None:
+        b = self.b
+        if not self.plan.stages:
+            return
+        count = max(s.index for s in self.plan.stages) + 1
+        members: list[tuple[TensorPattern, ...]] = [() for _ in range(count)]
+        for stage in self.plan.stages:
+            members[stage.index] = members[stage.index] + stage.members
+            for member in stage.members:
+                if str(member) == "loss":
+                    continue
+                if not any(member.matches(m, prefix=True) for m in b.modules if m):
+                    self.unknown(member, stage.origin.span, sorted(m for m in b.modules if m),
+                                 "module")
+        b.stage_members = members
+
+    def _algorithms(self) -> None:
+        b = self.b
+        for algorithm in self.plan.algorithms:
+            paths: list[str] = []
+            for target in algorithm.targets:
+                if str(target) == "loss":
+                    paths.append("loss")
+                    continue
+                found = sorted(m for m in b.modules if m and target.matches(m))
+                if not found:
+                    self.unknown(target, algorithm.origin.span,
+                                 sorted(m for m in b.modules if m), "module")
+                paths += found
+            b.algorithms.append((algorithm, tuple(paths)))
+
+
+def bind_plan(plan: Plan, model: nn.Module, data: Mapping[str, tuple[int, ...]],
+              sizes: Mapping[str, int]) -> Binding:
+    """Resolve every name of ``plan`` against ``model`` and its input shapes."""
+    return _Binder(plan, model, data, sizes).run()
+
+
+__all__ = ["Binding", "Claim", "Partial", "bind_plan"]

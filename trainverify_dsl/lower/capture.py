@@ -1,0 +1,144 @@
+"""Capture the spec model's forward as a Core-ATen FX graph with marked module boundaries.
+
+The lowering rewrites this graph into each pipeline stage's local program. Module boundaries
+the plan talks about (``X.in``, ``X.out``) are kept visible as ``tvp::mark`` nodes: a forward
+pre-hook passes a module's first tensor argument through ``mark(x, "X.in")`` (so only the edge
+into ``X`` goes through it, docs/semantics.md Rule 3.1; further floating-point arguments get
+``X.in#k``, which only parallel algorithms read) and a forward hook passes its output
+through ``mark(y, "X.out")``. Marks are identities; the rewrite replaces each by the plan's
+collectives at that point.
+
+The capture runs on fake tensors (``torch.export`` non-strict, then Core-ATen decompositions),
+so a full-size model costs no memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+MARK = "tvp.mark"
+
+
+@torch.library.custom_op("tvp::mark", mutates_args=())
+def mark(x: torch.Tensor, point: str) -> torch.Tensor:
+    """Identity that names a module boundary (``layers.0.attention.wo.out``)."""
+    return x.clone()
+
+
+@mark.register_fake
+def _mark_fake(x: torch.Tensor, point: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _mark_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    return grad, None
+
+
+mark.register_autograd(_mark_backward)
+
+
+@dataclass(frozen=True, slots=True)
+class Captured:
+    """The forward graph and what its placeholders are."""
+
+    gm: torch.fx.GraphModule
+    #: placeholder name -> (kind, spec name); kind ``param``, ``buffer``, ``data``
+    placeholders: Mapping[str, tuple[str, str]]
+    #: module path -> class name, for every module of the model
+    modules: Mapping[str, str]
+    #: the points that were marked
+    points: frozenset[str]
+
+
+def _hooks(model: nn.Module, modules: Iterable[str]) -> list[Any]:
+    handles = []
+    for path in modules:
+        module = model.get_submodule(path) if path else model
+
+        def pre(_mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                _p: str = path) -> Any:
+            marked = tuple(
+                mark(a, f"{_p}.in" if k == 0 else f"{_p}.in#{k}")
+                if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                for k, a in enumerate(args))
+            return marked, kwargs
+
+        def post(_mod: nn.Module, _args: Any, output: Any, _p: str = path) -> Any:
+            if isinstance(output, torch.Tensor) and output.is_floating_point():
+                return mark(output, f"{_p}.out")
+            return None
+
+        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(module.register_forward_hook(post))
+    return handles
+
+
+def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
+                    marked: Iterable[str]) -> Captured:
+    """The Core-ATen forward graph of ``model(**inputs)`` with ``marked`` modules' inputs and
+    outputs marked. ``inputs`` are fake tensors in forward-argument order."""
+    from torch._decomp import core_aten_decompositions
+
+    marked = sorted(set(marked))
+    handles = _hooks(model, marked)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            exported = torch.export.export(model, tuple(inputs.values()), strict=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    exported = exported.run_decompositions(dict(core_aten_decompositions()))
+    signature = exported.graph_signature
+    data_names = list(inputs)
+    placeholders: dict[str, tuple[str, str]] = {}
+    user = iter(data_names)
+    for spec in signature.input_specs:
+        name = spec.arg.name
+        kind = spec.kind.name
+        if kind == "PARAMETER":
+            placeholders[name] = ("param", spec.target)
+        elif kind == "BUFFER":
+            placeholders[name] = ("buffer", spec.target)
+        elif kind == "USER_INPUT":
+            placeholders[name] = ("data", next(user))
+        elif kind == "CONSTANT_TENSOR":
+            placeholders[name] = ("constant", spec.target)
+        else:
+            raise NotImplementedError(f"input kind {kind}")
+    gm = exported.graph_module
+    constants = getattr(exported, "constants", {}) or {}
+    for name, (kind, target) in placeholders.items():
+        if kind == "constant":
+            setattr(gm, f"_tvp_const_{name}", constants[target])
+    modules = {path: type(m).__name__ for path, m in model.named_modules()}
+    points = frozenset(f"{p}.{side}" for p in marked for side in ("in", "out"))
+    return Captured(gm, placeholders, modules, points)
+
+
+def module_stack(node: torch.fx.Node) -> tuple[str, ...]:
+    """Module paths enclosing ``node``, outermost first (``("layers.0", "layers.0.attention")``)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = []
+    for value in stack.values():
+        path = value[0] if isinstance(value, tuple) else str(value)
+        paths.append(_clean_path(path))
+    return tuple(p for p in paths if p)
+
+
+def _clean_path(path: str) -> str:
+    # torch.export spells list members ``layers.0`` or ``L['self'].layers[0]`` by version.
+    path = path.replace("L['self'].", "").replace("L['self']", "")
+    out = []
+    for part in path.replace("[", ".").replace("]", "").split("."):
+        if part.startswith("_modules['") and part.endswith("']"):
+            part = part[len("_modules['"):-2]
+        if part:
+            out.append(part)
+    return ".".join(out)

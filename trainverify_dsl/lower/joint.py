@@ -1,0 +1,89 @@
+"""A stage's local forward -> its joint forward+backward IR graph.
+
+AOTAutograd differentiates the local forward (local shapes, fake tensors), so every ordinary
+op has torch's own backward and only ``tvp.collective`` carries a backward we wrote (the
+plan's stated one). The joint graph is then imported into the shared IR with the spec's
+importer. Names of the IR graph's inputs and outputs:
+
+- inputs: parameters, buffers and model inputs by spec name; ``coord.<axis>`` (the rank's
+  coordinate); ``recv.<id>`` (a boundary value from an earlier stage); ``seed`` (the cotangent
+  of the local loss: the plan's loss scale, docs/semantics.md §4.3); ``cotangent.<id>`` (the
+  cotangent of a value sent to a later stage, coming back from it);
+- outputs: ``loss``, ``send.<id>``, ``grad(<parameter>)`` and ``grad(recv.<id>)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from trainverify_dsl.ir.graph import Graph
+from trainverify_dsl.lower.lowering import Lowered, Slot, StageProgram
+from trainverify_dsl.spec.fx_import import import_joint
+
+_KIND = {"param": "param", "buffer": "buffer", "data": "data", "coord": "data",
+         "recv": "activation"}
+
+
+def input_name(slot: Slot) -> str:
+    if slot.kind == "coord":
+        return f"coord.{slot.spec}"
+    if slot.kind == "recv":
+        return f"recv.{slot.spec}"
+    return slot.spec
+
+
+def output_name(slot: Slot) -> str:
+    return "loss" if slot.kind == "loss" else f"send.{slot.spec}"
+
+
+def _differentiable(slot: Slot, value: torch.Tensor) -> bool:
+    return slot.kind in ("param", "recv") and value.is_floating_point()
+
+
+def stage_joint(lowered: Lowered, stage: StageProgram) -> Graph:
+    """The IR graph of one stage's local forward and backward."""
+    from torch._decomp import core_aten_decompositions
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    placeholders = [n for n in stage.gm.graph.nodes if n.op == "placeholder"]
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    args: list[torch.Tensor] = []
+    with mode:
+        for slot, node in zip(stage.inputs, placeholders, strict=True):
+            val = node.meta["val"]
+            fake = torch.empty(tuple(val.shape), dtype=val.dtype)
+            if _differentiable(slot, val):
+                fake.requires_grad_(True)
+            args.append(fake)
+    in_names = [input_name(s) for s in stage.inputs]
+    in_kinds = [_KIND[s.kind] for s in stage.inputs]
+    out_names = [output_name(s) for s in stage.outputs]
+
+    def name_input(desc: Any) -> tuple[str | None, str]:
+        kind = type(desc).__name__
+        if kind == "PlainAOTInput":
+            return in_names[desc.idx], in_kinds[desc.idx]
+        if kind == "TangentAOTInput":
+            out = out_names[desc.output.idx]
+            return ("seed" if out == "loss" else f"cotangent.{out.removeprefix('send.')}",
+                    "tangent")
+        raise ValueError(f"unexpected joint input {desc!r}")
+
+    def name_output(desc: Any) -> str | None:
+        kind = type(desc).__name__
+        if kind == "PlainAOTOutput":
+            return out_names[desc.idx]
+        if kind == "GradAOTOutput" and type(desc.grad_of).__name__ == "PlainAOTInput":
+            return f"grad({in_names[desc.grad_of.idx]})"
+        return None
+
+    decompositions = dict(core_aten_decompositions())
+    with contextlib.ExitStack() as stack, mode:
+        joint = aot_export_joint_with_descriptors(stack, stage.gm, tuple(args),
+                                                  decompositions=decompositions)
+        gm = joint.graph_module
+    return import_joint(gm, name_input, name_output)

@@ -1,0 +1,609 @@
+"""Plan + spec model -> the SPMD local program of every pipeline stage (docs/semantics.md).
+
+``lower(plan, model, input_specs)`` captures the spec's forward (``capture``), binds the plan's
+names to it (``bind``), and rewrites the forward node by node into one local forward graph per
+pipeline stage:
+
+- every op runs on local pieces; the layout rules (``rules``) give each value its layout and
+  turn view/expand sizes into local sizes; a layout that cannot run locally stops the lowering
+  with a diagnostic;
+- at each marked module boundary the plan's collectives at that point run, in statement
+  order, as ``tvp.collective`` calls carrying their forward and stated backward;
+- parallel algorithms (``algorithms``) replace the named module's local program;
+- a value produced on one stage and read on a later one becomes a send/recv boundary
+  (the stage's output and the consumer stage's input);
+- rank coordinates (for algorithms' offsets) are inputs ``coord.<axis>``, so the program is
+  the same on every rank of a stage (SPMD).
+
+The local forward graphs are plain torch FX graphs on fake tensors: ``joint`` differentiates
+them with AOTAutograd (so ordinary ops differentiate exactly as torch does and only the
+collectives carry semantics we wrote), and tests run them eagerly under real
+``torch.distributed``. The lowering never unrolls the mesh.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainverify_dsl.lower import algorithms, collectives  # noqa: F401 - registers tvp.collective
+from trainverify_dsl.lower.bind import Binding, bind_plan
+from trainverify_dsl.lower.capture import MARK, Captured, capture_forward, module_stack
+from trainverify_dsl.lower.findings import Finding, LoweringError
+from trainverify_dsl.lower.layout import (
+    MICROBATCH_AXIS,
+    Factor,
+    LayoutError,
+    TLayout,
+    normalize_dim,
+)
+from trainverify_dsl.lower.rules import RULES, Result
+from trainverify_dsl.plan.model import Collective, Plan
+from trainverify_dsl.spec.convert import packet_name
+
+COLLECTIVE_KIND = {"all-reduce": "all_reduce", "all-gather": "all_gather",
+                   "reduce-scatter": "reduce_scatter", "all-to-all": "all_to_all",
+                   "scatter": "scatter", "copy": "identity", "identity": "identity"}
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One input or output of a stage's local forward."""
+
+    name: str
+    #: ``param``, ``buffer``, ``data``, ``coord``, ``recv`` (inputs); ``loss``, ``send``
+    kind: str
+    #: the spec tensor (parameter/input name, or the boundary value's id)
+    spec: str
+    layout: TLayout
+
+
+@dataclass
+class StageProgram:
+    index: int
+    gm: torch.fx.GraphModule
+    inputs: list[Slot]
+    outputs: list[Slot]
+
+
+@dataclass
+class Lowered:
+    plan: Plan
+    binding: Binding
+    #: axis sizes, including the microbatch pseudo-axis ``@mb``
+    sizes: dict[str, int]
+    stages: list[StageProgram]
+    #: boundary id -> (producing stage, consuming stages)
+    boundaries: dict[str, tuple[int, tuple[int, ...]]]
+    #: marked point -> layout of the value after the point's collectives (a lineage)
+    lineages: dict[str, TLayout]
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def mesh_axes(self) -> tuple[tuple[str, int], ...]:
+        assert self.plan.mesh is not None
+        return tuple((a.name, a.size) for a in self.plan.mesh.axes)
+
+
+class _New:
+    """A node created in the local graph by a rule (not an original node to map)."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: torch.fx.Node) -> None:
+        self.node = node
+
+
+class _Lowering:
+    def __init__(self, plan: Plan, model: nn.Module, binding: Binding, captured: Captured,
+                 sizes: dict[str, int]) -> None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.plan, self.model, self.binding, self.cap = plan, model, binding, captured
+        self.sizes = sizes
+        self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.layouts: dict[torch.fx.Node, Any] = {}
+        self.split_origin: dict[torch.fx.Node, Any] = {}
+        self.n_stages = max(1, len(binding.stage_members))
+        self.graphs = [torch.fx.Graph() for _ in range(self.n_stages)]
+        self.values: list[dict[torch.fx.Node, torch.fx.Node]] = [{} for _ in self.graphs]
+        self.inputs: list[list[Slot]] = [[] for _ in self.graphs]
+        self.outputs: list[list[Slot]] = [[] for _ in self.graphs]
+        self.recv: list[dict[torch.fx.Node, torch.fx.Node]] = [{} for _ in self.graphs]
+        self.sent: dict[torch.fx.Node, set[int]] = {}
+        self.stage_of: dict[torch.fx.Node, int | None] = {}
+        self.findings: list[Finding] = []
+        self.lineages: dict[str, TLayout] = {}
+        self.stage = 0
+        self.current: torch.fx.Node | None = None
+        self.current_cause: Any = None
+        self.skip: set[torch.fx.Node] = set()
+        self.coords: list[dict[str, torch.fx.Node]] = [{} for _ in self.graphs]
+
+    # -- RuleCtx ------------------------------------------------------------------------
+
+    def layout(self, value: Any) -> TLayout:
+        if value not in self.layouts:  # a constant-only value not materialised yet
+            self.value(self.stage, value)
+        return self.layouts[value]
+
+    def finding(self, code: str, message: str, layout: TLayout | None = None) -> None:
+        span = layout.cause if layout is not None and layout.cause is not None else \
+            self.current_cause
+        self.findings.append(Finding(code, message, span, self._where()))
+
+    def adapt(self, value: Any, lay: TLayout, target: TLayout) -> _New:
+        node = self.value(self.stage, value)
+        local = target.local_shape(self.sizes)
+        for d, n in enumerate(local):
+            if node.meta["val"].shape[d] != n:
+                node = self.emit(torch.ops.aten.slice.Tensor, (node, d, 0, n))
+        return _New(node)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _where(self) -> str:
+        if self.current is None:
+            return ""
+        stack = module_stack(self.current)
+        return stack[-1] if stack else "(root)"
+
+    def emit(self, target: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None = None,
+             stage: int | None = None, meta_from: torch.fx.Node | None = None) -> torch.fx.Node:
+        stage = self.stage if stage is None else stage
+        graph = self.graphs[stage]
+        kwargs = dict(kwargs or {})
+        node = graph.call_function(target, args, kwargs)
+        source = meta_from if meta_from is not None else self.current
+        if source is not None:
+            for key in ("nn_module_stack", "stack_trace"):
+                if key in source.meta:
+                    node.meta[key] = source.meta[key]
+        fake_args = torch.fx.node.map_arg(args, lambda n: n.meta["val"])
+        fake_kwargs = torch.fx.node.map_arg(kwargs, lambda n: n.meta["val"])
+        with self.mode:
+            node.meta["val"] = target(*fake_args, **fake_kwargs)
+        return node
+
+    def placeholder(self, stage: int, name: str, kind: str, spec: str, layout: TLayout,
+                    dtype: torch.dtype) -> torch.fx.Node:
+        graph = self.graphs[stage]
+        node = graph.placeholder(_safe(name))
+        with self.mode:
+            node.meta["val"] = torch.empty(layout.local_shape(self.sizes), dtype=dtype)
+        self.inputs[stage].append(Slot(node.name, kind, spec, layout))
+        return node
+
+    def coord(self, stage: int, axis: str) -> torch.fx.Node:
+        if axis not in self.coords[stage]:
+            graph = self.graphs[stage]
+            node = graph.placeholder(_safe(f"coord.{axis}"))
+            with self.mode:
+                node.meta["val"] = torch.empty((), dtype=torch.int64)
+            self.inputs[stage].append(Slot(node.name, "coord", axis, TLayout(())))
+            self.coords[stage][axis] = node
+        return self.coords[stage][axis]
+
+    def group_index(self, axes: tuple[str, ...]) -> torch.fx.Node:
+        """``k_A`` of the current rank as a 0-d int64 node (row-major over ``axes``)."""
+        aten = torch.ops.aten
+        k = None
+        for axis in axes:
+            c = self.coord(self.stage, axis)
+            k = c if k is None else self.emit(aten.add.Tensor, (
+                self.emit(aten.mul.Tensor, (k, self.sizes[axis])), c))
+        assert k is not None
+        return k
+
+    # -- values across stages -----------------------------------------------------------
+
+    def value(self, stage: int, old: Any) -> Any:
+        if isinstance(old, _New):
+            return old.node
+        if not isinstance(old, torch.fx.Node):
+            return old
+        memo = self.values[stage]
+        if old in memo:
+            return memo[old]
+        if old.op == "placeholder":
+            memo[old] = self._input(stage, old)
+            return memo[old]
+        home = self.stage_of.get(old)
+        if home is None:  # a constant-only value: recomputed where it is used (Rule 5.1)
+            saved = self.stage, self.current, self.current_cause
+            self.stage = stage
+            self.visit(old)
+            self.stage, self.current, self.current_cause = saved
+            return memo[old]
+        if home < stage:
+            if old not in self.recv[stage]:
+                lay = self.layouts[old]
+                self.recv[stage][old] = self.placeholder(
+                    stage, f"recv.{old.name}", "recv", old.name, lay, old.meta["val"].dtype)
+                self.sent.setdefault(old, set()).add(stage)
+            return self.recv[stage][old]
+        raise LoweringError(Finding(
+            "stage-order", f"stage {stage} reads {_describe(old)} computed on the later stage "
+            f"{home}: the stage order breaks a data dependency",
+            self.binding.stage_span(stage), self._where()))
+
+    def _input(self, stage: int, old: torch.fx.Node) -> torch.fx.Node:
+        kind, spec = self.cap.placeholders[old.name]
+        lay = self.layouts[old]
+        dtype = old.meta["val"].dtype
+        if kind == "constant":
+            return self.graphs[stage].get_attr(f"_tvp_const_{old.name}")
+        return self.placeholder(stage, spec, kind, spec, lay, dtype)
+
+    # -- the walk -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        graph = self.cap.gm.graph
+        for node in graph.nodes:
+            if node.op == "placeholder":
+                self._layout_input(node)
+        self._assign_stages(graph)
+        self.skip = algorithms.skipped_nodes(self, graph)
+        for node in graph.nodes:
+            if node.op == "call_function" and self.stage_of.get(node) is not None \
+                    and node not in self.skip:
+                self.stage = self.stage_of[node]
+                self.visit(node)
+            elif node.op == "output":
+                self._outputs(node)
+
+    def _layout_input(self, node: torch.fx.Node) -> None:
+        kind, spec = self.cap.placeholders[node.name]
+        shape = tuple(node.meta["val"].shape)
+        if kind == "param":
+            lay = self.binding.param_layout(spec, shape, self.sizes)
+            self.split_origin[node] = self.binding.param_span(spec)
+        elif kind == "data":
+            lay = self.binding.data_layout(spec, shape, self.sizes)
+        else:
+            lay = TLayout.replicated(shape, const=True)
+        self.layouts[node] = lay
+
+    def _assign_stages(self, graph: torch.fx.Graph) -> None:
+        const: dict[torch.fx.Node, bool] = {}
+        for node in graph.nodes:
+            if node.op == "placeholder":
+                const[node] = self.cap.placeholders[node.name][0] in ("buffer", "constant")
+                continue
+            if node.op != "call_function":
+                continue
+            const[node] = all(const.get(n, True) for n in node.all_input_nodes)
+            if packet_name(node.target) == MARK:
+                point = node.args[1]
+                self.stage_of[node] = self.binding.stage_of_module(point.rsplit(".", 1)[0])
+                continue
+            stage = self.binding.stage_of_stack(module_stack(node))
+            if stage is None and not const[node]:
+                stage = self.binding.loss_stage()
+                if stage is None:
+                    raise LoweringError(Finding(
+                        "unassigned", f"{_describe(node)} is computed outside every module "
+                        "assigned to a pipeline stage, and no stage lists `loss`",
+                        self.binding.stage_span(0), "(root)"))
+            self.stage_of[node] = stage
+
+    def visit(self, node: torch.fx.Node) -> None:
+        stage = self.stage
+        if node in self.values[stage]:
+            return
+        self.current = node
+        name = packet_name(node.target)
+        self.current_cause = next((self.split_origin[n] for n in node.all_input_nodes
+                                   if self.split_origin.get(n) is not None), None)
+        if self.current_cause is not None:
+            self.split_origin[node] = self.current_cause
+        if name == MARK:
+            new, lay = self._mark(node)
+        elif name == "getitem":
+            parent, index = node.args
+            new = self.emit(node.target, (self.value(stage, parent), index))
+            lay = self.layouts[parent][index]
+        else:
+            new, lay = self._ordinary(node, name)
+        self.values[stage][node] = new
+        self.layouts[node] = lay
+        expected = None if isinstance(lay, tuple) else lay.local_shape(self.sizes)
+        got = tuple(new.meta["val"].shape) if isinstance(new.meta.get("val"), torch.Tensor) \
+            else None
+        if expected is not None and got is not None and tuple(expected) != got:
+            raise LoweringError(Finding(
+                "layout", f"internal: {name} produced local shape {got}, its layout "
+                f"{lay.describe()} needs {tuple(expected)}", self.current_cause, self._where()))
+
+    def _ordinary(self, node: torch.fx.Node, name: str) -> tuple[torch.fx.Node, Any]:
+        rule = RULES.get(name)
+        try:
+            if rule is None:
+                result = self._fallback(node, name)
+            else:
+                result = rule(self, node.args, dict(node.kwargs), node.meta["val"])
+        except LayoutError as error:
+            raise LoweringError(Finding("layout", f"{name.removeprefix('aten.')} in "
+                                        f"{self._where()}: {error}", self.current_cause,
+                                        self._where())) from None
+        args = torch.fx.node.map_aggregate(result.args, lambda a: self.value(self.stage, a))
+        kwargs = torch.fx.node.map_aggregate(result.kwargs,
+                                             lambda a: self.value(self.stage, a))
+        try:
+            new = self.emit(node.target, args, kwargs)
+        except Exception as error:  # noqa: BLE001 - torch shape errors of the local op
+            raise LoweringError(Finding("layout", f"{name.removeprefix('aten.')} in "
+                                        f"{self._where()} cannot run on the local pieces: "
+                                        f"{str(error).splitlines()[0]}", self.current_cause,
+                                        self._where())) from None
+        return new, result.layout
+
+    def _fallback(self, node: torch.fx.Node, name: str) -> Result:
+        inputs = [self.layouts[n] for n in node.all_input_nodes]
+        if any(lay.partial or lay.shard_axes() for lay in inputs
+               if isinstance(lay, TLayout)):
+            raise LayoutError(f"no layout rule for {name}, and an operand is split or partial")
+        out = node.meta["val"]
+        const = all(lay.const for lay in inputs if isinstance(lay, TLayout))
+        if isinstance(out, (tuple, list)):
+            lay = tuple(TLayout.replicated(o.shape, const) for o in out)
+        else:
+            lay = TLayout.replicated(out.shape if isinstance(out, torch.Tensor) else (), const)
+        return Result(lay, node.args, dict(node.kwargs))
+
+    # -- module boundaries: collectives and claims ----------------------------------------
+
+    def _mark(self, node: torch.fx.Node) -> tuple[torch.fx.Node, TLayout]:
+        source, point = node.args
+        replaced = algorithms.module_output(self, point)
+        if replaced is not None:
+            value, lay = replaced
+        else:
+            value, lay = self.value(self.stage, source), self.layouts[source]
+        for statement in self.binding.collectives_at(point):
+            value, lay = self._collective(value, lay, statement, point)
+        self.lineages[point] = lay
+        for claim in self.binding.claims_at(point):
+            problem = claim_problem(claim, lay, self.sizes)
+            if problem:
+                self.findings.append(Finding("claim", f"{point}: {problem}", claim.span,
+                                             point))
+        return value, lay
+
+    def _collective(self, value: torch.fx.Node, lay: TLayout, st: Collective,
+                    point: str) -> tuple[torch.fx.Node, TLayout]:
+        axes = st.axes
+        n = math.prod(self.sizes[a] for a in axes)
+        span = st.origin.span
+        kind = COLLECTIVE_KIND[st.kind]
+        rank = lay.rank
+        dim = _norm(st.dim if st.dim is not None else (st.split_dim or 0), rank)
+        dim2 = _norm(st.concat_dim, rank) if st.concat_dim is not None else -1
+        op = st.op or ("sum" if kind in ("all_reduce", "reduce_scatter") else "sum")
+        backward = COLLECTIVE_KIND.get(st.backward, st.backward.replace("-", "_"))
+        new_lay, problems = collective_layout(kind, st.op or "sum", axes, dim, dim2, lay,
+                                              self.sizes, st.kind)
+        for code, message in problems:
+            self.findings.append(Finding(code, f"{st.kind} {point} over {', '.join(axes)}: "
+                                         f"{message}", span, point))
+        new_lay = TLayout(new_lay.dims, new_lay.partial, new_lay.const,
+                          new_lay.cause if new_lay.partial else None)
+        try:
+            out = self.emit(torch.ops.tvp.collective.default,
+                            (value, kind, ",".join(axes), n, op, dim, dim2, backward))
+        except Exception as error:  # noqa: BLE001 - e.g. a block size that does not divide
+            raise LoweringError(Finding("layout", f"{st.kind} {point}: "
+                                        f"{str(error).splitlines()[0]}", span, point)) from None
+        got = tuple(out.meta["val"].shape)
+        if got != tuple(new_lay.local_shape(self.sizes)):
+            new_lay = _opaque(out.meta["val"].shape)
+        return out, new_lay
+
+    # -- outputs --------------------------------------------------------------------------
+
+    def _outputs(self, node: torch.fx.Node) -> None:
+        results = node.args[0]
+        loss = results[0] if isinstance(results, (tuple, list)) else results
+        loss_stage = self.stage_of.get(loss, 0)
+        loss_stage = 0 if loss_stage is None else loss_stage
+        self.stage = loss_stage
+        final = algorithms.loss_replacement(self, loss)
+        if final is None:
+            final = self.value(loss_stage, loss)
+            lay = self.layouts[loss]
+        else:
+            final, lay = final
+        self.lineages["loss"] = lay
+        for problem in loss_problems(lay, self.binding.data_axes(), self.sizes):
+            self.findings.append(Finding("loss", problem, self.binding.loss_span(),
+                                         "loss"))
+        self.outputs[loss_stage].append(Slot("loss", "loss", "loss", lay))
+        for old, dests in self.sent.items():
+            home = self.stage_of[old]
+            self.outputs[home].append(Slot(f"send.{old.name}", "send", old.name,
+                                           self.layouts[old]))
+        self._finish(final, loss_stage)
+
+    def _finish(self, loss: torch.fx.Node, loss_stage: int) -> None:
+        for stage, graph in enumerate(self.graphs):
+            outs = []
+            for slot in self.outputs[stage]:
+                if slot.kind == "loss":
+                    outs.append(loss)
+                else:
+                    old = next(n for n in self.sent if n.name == slot.spec)
+                    outs.append(self.values[stage][old])
+            graph.output(tuple(outs))
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _norm(d: int | None, rank: int) -> int:
+    if d is None:
+        return -1
+    return d + rank if d < 0 else d
+
+
+def _describe(node: torch.fx.Node) -> str:
+    stack = module_stack(node)
+    where = stack[-1] if stack else "the root module"
+    return f"{packet_name(node.target).removeprefix('aten.')} in {where}"
+
+
+def _opaque(shape: Any) -> TLayout:
+    return TLayout.replicated(tuple(shape))
+
+
+def collective_layout(kind: str, op: str, axes: tuple[str, ...], dim: int, dim2: int,
+                      lay: TLayout, sizes: Mapping[str, int], written: str
+                      ) -> tuple[TLayout, list[tuple[str, str]]]:
+    """The layout after a collective and what is wrong with applying it to ``lay``."""
+    problems: list[tuple[str, str]] = []
+    partial_axes = set(lay.partial[1]) if lay.partial else set()
+    sharded = lay.shard_axes()
+    dims = list(lay.dims)
+    if kind in ("all_reduce", "reduce_scatter"):
+        for a in axes:
+            if a in sharded:
+                problems.append(("collective", f"the tensor is split over {a}: the reduction "
+                                 "adds pieces of different slices"))
+            elif a not in partial_axes and op == "sum":
+                problems.append(("collective", f"the tensor is not partial over {a}: every "
+                                 f"copy is added, multiplying it by {sizes[a]}"))
+        if lay.partial and op == "avg" and lay.partial[0] == "sum" and \
+                partial_axes & set(axes):
+            problems.append(("collective", "op=avg divides a partial sum by the group size"))
+        if lay.partial and lay.partial[0] == "max" and op != "max":
+            problems.append(("collective", f"op={op} of a partial max"))
+        left = tuple(a for a in (lay.partial[1] if lay.partial else ()) if a not in axes)
+        partial = (lay.partial[0], left) if left and lay.partial else None
+        if kind == "reduce_scatter":
+            dims[dim] = _append_axes(dims[dim], axes)
+        return TLayout(tuple(dims), partial, lay.const, lay.cause), problems
+    if kind == "all_gather":
+        if lay.partial and partial_axes & set(axes):
+            problems.append(("collective", "the tensor is a partial sum: all-gather "
+                             "concatenates the summands instead of adding them"))
+        dims[dim], problem = _remove_axes(dims[dim], axes)
+        if problem:
+            problems.append(("collective", problem))
+        return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems
+    if kind == "all_to_all":
+        dims[dim2], problem = _remove_axes(dims[dim2], axes)
+        if problem:
+            problems.append(("collective", problem.replace("gather", "all-to-all concat")))
+        dims[dim] = _append_axes(dims[dim], axes)
+        return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems
+    if kind == "scatter":
+        if any(a in sharded for a in axes):
+            problems.append(("collective", "scatter of a tensor already split over the axis"))
+        dims[dim] = _append_axes(dims[dim], axes)
+        return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems
+    return lay, problems  # identity (copy)
+
+
+def _append_axes(dim: tuple[Factor, ...], axes: tuple[str, ...]) -> tuple[Factor, ...]:
+    factors = list(normalize_dim(dim)) or [Factor(1)]
+    outer = factors[0]
+    return (Factor(outer.size, outer.axes + tuple(axes)),) + tuple(factors[1:])
+
+
+def _remove_axes(dim: tuple[Factor, ...], axes: tuple[str, ...]
+                 ) -> tuple[tuple[Factor, ...], str | None]:
+    factors = list(normalize_dim(dim))
+    for i, f in enumerate(factors):
+        if set(axes) <= set(f.axes):
+            if f.axes[-len(axes):] != tuple(axes):
+                return dim, (f"the dimension is split over {', '.join(f.axes)}: gathering over "
+                             f"{', '.join(axes)} concatenates the blocks in the wrong order")
+            factors[i] = Factor(f.size, f.axes[:-len(axes)])
+            return tuple(factors), None
+    return dim, f"the dimension is not split over {', '.join(axes)}: gathering repeats it"
+
+
+def claim_problem(claim: Any, lay: TLayout, sizes: Mapping[str, int]) -> str | None:
+    """Why the derived layout ``lay`` contradicts a layout statement, or ``None``."""
+    want = claim.layout
+    for axis, size in sizes.items():
+        if axis == MICROBATCH_AXIS or axis == "pp":
+            continue
+        placement = want.placement(axis)
+        kind = type(placement).__name__
+        derived_partial = lay.partial is not None and axis in lay.partial[1]
+        derived_dims = [d for d in range(lay.rank) if axis in lay.dim_axes(d)]
+        if kind == "Partial" and not derived_partial:
+            return f"claimed partial over {axis}, but the value is complete over it"
+        if kind != "Partial" and derived_partial:
+            return (f"claimed {'split' if kind == 'Shard' else 'replicated'} over {axis}, but "
+                    f"the value is a partial sum over it (a reduction is missing)")
+        if kind == "Shard" and placement.dim not in derived_dims:
+            return f"claimed split over {axis} on dimension {placement.dim}, derived " \
+                   f"{lay.describe()}"
+        if kind == "Replicate" and derived_dims:
+            return f"claimed replicated over {axis}, but it is split over {axis} " \
+                   f"({lay.describe()})"
+    return None
+
+
+def loss_problems(lay: TLayout, data_axes: set[str], sizes: Mapping[str, int]) -> list[str]:
+    """The loss must be a mean over the data axes' blocks and microbatches and complete over
+    every other axis (docs/semantics.md §4.6)."""
+    problems = []
+    if lay.partial:
+        op, axes = lay.partial
+        other = [a for a in axes if a not in data_axes and a != MICROBATCH_AXIS]
+        if other:
+            problems.append(f"the loss is a partial {op} over {', '.join(other)}: the "
+                            "pieces of the loss are never combined")
+        elif op != "avg":
+            problems.append(f"the loss is a partial {op} over the data axes, not a mean")
+    return problems
+
+
+def input_sizes(plan: Plan) -> dict[str, int]:
+    assert plan.mesh is not None
+    sizes = {a.name: a.size for a in plan.mesh.axes}
+    sizes[MICROBATCH_AXIS] = plan.microbatches
+    return sizes
+
+
+def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> Lowered:
+    """The local forward program of every stage. ``model`` and ``inputs`` are fake (global
+    shapes). Raises ``LoweringError`` (with a plan span) when the plan cannot be lowered;
+    softer problems are ``Lowered.findings``."""
+    if plan.mesh is None:
+        raise LoweringError(Finding("binding", "the plan has no mesh", None, ""))
+    sizes = input_sizes(plan)
+    binding = bind_plan(plan, model, {k: tuple(v.shape) for k, v in inputs.items()}, sizes)
+    if binding.errors:
+        raise LoweringError(*binding.errors)
+    captured = capture_forward(model, inputs, binding.marked_modules())
+    lowering = _Lowering(plan, model, binding, captured, sizes)
+    lowering.run()
+    stages = []
+    for index, graph in enumerate(lowering.graphs):
+        ordered = _placeholders_first(graph)
+        gm = torch.fx.GraphModule(captured.gm, ordered)
+        stages.append(StageProgram(index, gm, lowering.inputs[index], lowering.outputs[index]))
+    boundaries = {old.name: (lowering.stage_of[old], tuple(sorted(dests)))
+                  for old, dests in lowering.sent.items()}
+    findings = binding.warnings + lowering.findings
+    return Lowered(plan, binding, sizes, stages, boundaries, lowering.lineages, findings)
+
+
+def _placeholders_first(graph: torch.fx.Graph) -> torch.fx.Graph:
+    out = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    nodes = list(graph.nodes)
+    for node in [n for n in nodes if n.op == "placeholder"] + \
+            [n for n in nodes if n.op != "placeholder"]:
+        env[node] = out.node_copy(node, lambda n: env[n])
+    out.lint()
+    return out

@@ -1,0 +1,26 @@
+"""Simulate a plan file end to end: resolve, build the spec at (possibly shrunk) sizes, lower,
+run both sides and compare."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from trainverify_dsl.lower.lowering import lower
+from trainverify_dsl.simulate.run import SimulationResult, simulate_lowered, spec_optimizer
+from trainverify_dsl.simulate.setup import SimulationSetup, prepare
+
+
+def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool = True) -> SimulationResult:
+    """Raises ``SimulationSetupError`` / ``LoweringError`` / ``SpecError`` with diagnostics."""
+    setup: SimulationSetup = prepare(path, shrink=shrink)
+    from trainverify_dsl.spec.trace import trace_training_step
+
+    spec = trace_training_step(setup.fake_model, setup.input_specs,
+                               spec_optimizer(setup.plan), reuse=False)
+    lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
+    result = simulate_lowered(lowered, spec, setup.real_model, seed)
+    result.sizes = dict(setup.overrides)
+    torch.set_default_dtype(torch.float32)
+    return result

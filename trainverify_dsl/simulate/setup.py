@@ -1,0 +1,77 @@
+"""Everything a simulation needs from a plan file: the resolved plan, the spec model (fake for
+tracing and lowering, real for its buffers) and the input shapes — shrunk when the plan's
+model is too large to run (``simulate.shrink``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainverify_dsl.plan.model import Plan
+from trainverify_dsl.report.diagnostics import Diagnostic
+
+
+class SimulationSetupError(Exception):
+    def __init__(self, diagnostics: list[Diagnostic], message: str = "") -> None:
+        super().__init__(message or "; ".join(d.message for d in diagnostics))
+        self.diagnostics = diagnostics
+
+
+@dataclass
+class SimulationSetup:
+    plan: Plan
+    fake_model: torch.nn.Module
+    real_model: torch.nn.Module
+    input_specs: dict[str, Any]
+    fake_inputs: dict[str, torch.Tensor]
+    #: config overrides and batch/seq used (empty when nothing was shrunk)
+    overrides: dict[str, Any]
+
+
+def resolve_plan(path: str | Path) -> Plan:
+    from trainverify_dsl.plan import resolve_file
+    from trainverify_dsl.report.diagnostics import Severity
+
+    result = resolve_file(path)
+    errors = [d for d in result.diagnostics if d.severity is Severity.ERROR]
+    if result.plan is None or errors:
+        raise SimulationSetupError(errors or list(result.diagnostics),
+                                   f"{path}: the plan has errors; run `tvp lint {path}`")
+    return result.plan
+
+
+def prepare(path: str | Path, *, shrink: bool = True) -> SimulationSetup:
+    from trainverify_dsl.simulate.shrink import shrunk_sizes
+    from trainverify_dsl.spec.load import load_model, model_input_specs
+
+    plan = resolve_plan(path)
+    if plan.spec is None or plan.mesh is None:
+        raise SimulationSetupError([], f"{path}: a simulated plan needs a `spec` line and a "
+                                       "`mesh`")
+    from trainverify_dsl.simulate.shrink import NOT_CONFIG
+
+    settings = {k: _plain(v) for k, v in plan.spec.settings if k not in NOT_CONFIG}
+    overrides, batch, seq = shrunk_sizes(plan, settings) if shrink else ({}, None, None)
+    batch = batch or plan.spec.batch or 1
+    seq = seq or plan.spec.seq or 1
+    kwargs = {**settings, **overrides}
+    fake = load_model(plan.spec.model, plan.spec.config, **kwargs)
+    real = load_model(plan.spec.model, plan.spec.config, fake=False, **kwargs)
+    specs = dict(model_input_specs(fake, batch, seq))
+    mode = next(iter(fake.parameters())).fake_mode
+    with mode:
+        fake_inputs = {k: torch.zeros(tuple(s), dtype=d) for k, (s, d) in specs.items()}
+    used = {**overrides, "batch": batch, "seq": seq} if overrides or \
+        (batch, seq) != (plan.spec.batch, plan.spec.seq) else {}
+    return SimulationSetup(plan, fake, real, specs, fake_inputs, used)
+
+
+def _plain(value: Any) -> Any:
+    from fractions import Fraction
+
+    if isinstance(value, Fraction):
+        return int(value) if value.denominator == 1 else float(value)
+    return value

@@ -1,5 +1,12 @@
 """``tvp lint FILE_OR_DIR...``: syntax, names, layouts; never imports torch or z3.
 
+``--spec`` adds the layout pass (docs/lowering.md): each plan that lints clean is lowered
+against the spec model its ``spec`` line names (on fake tensors, at full size), reporting
+names that bind to nothing, splits that do not divide the real sizes, partial sums fed to
+nonlinear ops, collectives that do not fit their tensor's layout, false layout claims and
+stage orders against the data flow (TVP4xx). That imports torch and traces the model, so it
+is opt-in: plain ``tvp lint`` stays fast and torch-free for editors.
+
 Directories are searched recursively for ``*.tvp`` files (hidden directories skipped);
 files named explicitly are linted whatever their extension; a path that does not exist is
 handed to the linter, which reports it as a diagnostic. Output goes to stdout:
@@ -51,6 +58,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="output format (default: text)")
     parser.add_argument("--color", choices=COLOR_CHOICES, default="auto",
                         help="colour text output: auto (on a terminal), always, never")
+    parser.add_argument("--spec", action="store_true",
+                        help="also run the layout pass against the plan's spec model "
+                             "(imports torch; TVP4xx)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         linter = default_linter()
+        if getattr(args, "spec", False):
+            linter = with_layout_pass(linter)
     except Exception as error:  # a broken install must not print a traceback either
         print(f"tvp lint: internal error: cannot load the linter: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -111,6 +123,26 @@ def default_linter() -> Linter:
     from trainverify_dsl.plan import lint_file
 
     return lint_file
+
+
+def render_diagnostics(diagnostics: list[Diagnostic], files: list[str], fmt: str) -> str:
+    """Diagnostics of other commands (``tvp simulate``) in lint's formats, without colour."""
+    report = LintReport.of(diagnostics, files)
+    return render(fmt, report, FileSources(), color=False, root=os.getcwd())
+
+
+def with_layout_pass(linter: Linter) -> Linter:
+    """``linter``, then (for plans without errors) the layout pass against the spec."""
+
+    def lint(file: str) -> Sequence[Diagnostic]:
+        found = list(linter(file))
+        if any(d.severity is Severity.ERROR for d in found):
+            return found
+        from trainverify_dsl.lower.diagnose import layout_diagnostics
+
+        return found + layout_diagnostics(file)
+
+    return lint
 
 
 def collect_plan_files(paths: Iterable[str]) -> tuple[list[str], list[str]]:

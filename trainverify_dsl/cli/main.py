@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fmt": ("fmt_cmd", "format plans canonically (keeps comments)"),
     "explain": ("explain_cmd", "explain a diagnostic code: what, why, example, fix"),
     "spec": ("spec_cmd", "trace a model into the spec IR and summarise it"),
+    "simulate": ("simulate_cmd", "run the lowered plan on every rank and compare with the spec"),
 }
 
 EXIT_USAGE = 2

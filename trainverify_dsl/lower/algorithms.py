@@ -111,7 +111,7 @@ def inline(lw: _Lowering, fn: Callable[..., torch.Tensor],
         elif node.op == "output":
             result = torch.fx.node.map_arg(node.args[0], lambda a: env[a])
         else:
-            raise LoweringError(Finding("layout", f"algorithm traced a {node.op} node",
+            raise LoweringError(Finding("layout-mismatch", f"algorithm traced a {node.op} node",
                                         None, ""))
     assert isinstance(result, torch.fx.Node)
     return result
@@ -169,7 +169,7 @@ def _mark_node(graph: torch.fx.Graph, point: str) -> torch.fx.Node:
         if node.op == "call_function" and packet_name(node.target) == MARK and \
                 node.args[1] == point:
             return node
-    raise LoweringError(Finding("binding", f"the spec model never passes through `{point}`",
+    raise LoweringError(Finding("unbound-name", f"the spec model never passes through `{point}`",
                                 None, point))
 
 
@@ -246,7 +246,7 @@ def loss_replacement(lw: _Lowering, loss: torch.fx.Node) -> tuple[torch.fx.Node,
     logits_lay = lw.layouts[logits_mark]
     if logits_lay.dim_axes(logits_lay.rank - 1) != site.axes:
         lw.findings.append(Finding(
-            "algorithm", f"vocab-parallel-cross-entropy expects the logits split over "
+            "algorithm-not-applicable", f"vocab-parallel-cross-entropy expects the logits split over "
             f"{', '.join(site.axes)} along the vocabulary; they are {logits_lay.describe()}",
             site.span, site.module))
     k, n = _group(lw, site.axes)
@@ -282,7 +282,7 @@ def _data_ancestor(lw: _Lowering, region: set[torch.fx.Node]) -> torch.fx.Node |
 
 
 def _not_applicable(site: _Site, why: str) -> LoweringError:
-    return LoweringError(Finding("algorithm", f"`{site.name}` cannot be applied to "
+    return LoweringError(Finding("algorithm-not-applicable", f"`{site.name}` cannot be applied to "
                                  f"`{site.module}`: {why}", site.span, site.module))
 
 

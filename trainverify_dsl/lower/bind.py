@@ -60,6 +60,8 @@ class Binding:
     grad_claims: dict[str, Layout] = field(default_factory=dict)
     #: algorithm -> concrete module paths (and ``loss``)
     algorithms: list[tuple[Algorithm, tuple[str, ...]]] = field(default_factory=list)
+    #: explicit sends: (point, source stage, destination stage, span)
+    sends: list[tuple[str, int, int, Span | None]] = field(default_factory=list)
 
     # -- layouts of inputs ----------------------------------------------------------------
 
@@ -67,9 +69,10 @@ class Binding:
                  sizes: Mapping[str, int], batch: bool) -> TLayout:
         dims = []
         for d, n in enumerate(shape):
+            # axes of size 1 split nothing: leaving them out keeps equal layouts equal
             axes = tuple(a for a in (layout.axes_of_dim(d) if layout else ())
-                         if a not in PLACEMENT_AXES)
-            if batch and d == 0:
+                         if a not in PLACEMENT_AXES and sizes.get(a, 1) > 1)
+            if batch and d == 0 and sizes.get(MICROBATCH_AXIS, 1) > 1:
                 axes = axes + (MICROBATCH_AXIS,)
             dims.append((Factor(int(n), axes),))
         return TLayout(tuple(dims))
@@ -80,6 +83,10 @@ class Binding:
 
     def param_span(self, name: str) -> Span | None:
         layout = self.param_layouts.get(name)
+        return layout.origins[-1].span if layout and layout.origins else None
+
+    def data_span(self, name: str) -> Span | None:
+        layout = self.data_layouts.get(name)
         return layout.origins[-1].span if layout and layout.origins else None
 
     def data_layout(self, name: str, shape: tuple[int, ...],
@@ -146,6 +153,7 @@ class Binding:
 
     def marked_modules(self) -> set[str]:
         points = set(self.point_collectives) | {p for p in self.claims if p != "loss"}
+        points |= {point for point, _, _, _ in self.sends}
         modules = {p.rsplit(".", 1)[0] for p in points}
         for _, paths in self.algorithms:
             modules.update(p for p in paths if p != "loss")
@@ -179,8 +187,9 @@ class _Binder:
         self.b = Binding(plan, params, dict(data), modules)
         self.points = _points(modules)
 
-    def error(self, message: str, span: Span | None, help: str | None = None) -> None:
-        self.b.errors.append(Finding("binding", message, span, "", help))
+    def error(self, message: str, span: Span | None, help: str | None = None,
+              code: str = "unbound-name") -> None:
+        self.b.errors.append(Finding(code, message, span, "", help))
 
     def unknown(self, pattern: TensorPattern, span: Span | None, candidates: list[str],
                 what: str) -> None:
@@ -193,7 +202,20 @@ class _Binder:
         self._collectives()
         self._stages()
         self._algorithms()
+        self._sends()
         return self.b
+
+    def _sends(self) -> None:
+        for send in self.plan.sends:
+            span = send.origin.span
+            points = [p for p in self.points if send.target.matches(p)]
+            if len(points) != 1:
+                self.unknown(send.target, span, self.points, "single module boundary "
+                             "(`.out`)") if not points else self.error(
+                    f"`send {send.target}` names {len(points)} tensors; a send moves one",
+                    span)
+                continue
+            self.b.sends.append((points[0], send.source, send.dest, span))
 
     def _layouts(self) -> None:
         b = self.b
@@ -217,7 +239,7 @@ class _Binder:
                 if layout.partial_axes:
                     self.error(f"`{name}` is a {'parameter' if name in b.params else 'model input'}"
                                ": a layout on it defines how it is distributed and cannot be "
-                               "partial (Rule 2.3)", span)
+                               "partial (Rule 2.3)", span, code="partial-input")
                     continue
                 shape = b.params.get(name) or b.data[name]
                 self._divides(name, shape, layout, span, batch=name in b.data)
@@ -227,11 +249,15 @@ class _Binder:
 
     def _divides(self, name: str, shape: tuple[int, ...], layout: Layout, span: Span | None,
                  batch: bool) -> None:
+        if layout.ndim is not None and layout.ndim != len(shape):
+            self.error(f"`{name}` has {len(shape)} dimensions, the layout lists {layout.ndim}",
+                       span, code="split-not-divisible")
+            return
         for d, axes in layout.dim_axes:
             axes = tuple(a for a in axes if a not in PLACEMENT_AXES)
             if d >= len(shape):
                 self.error(f"`{name}` has {len(shape)} dimensions; the layout splits "
-                           f"dimension {d}", span)
+                           f"dimension {d}", span, code="split-not-divisible")
                 continue
             n = ways(axes, self.sizes) * (self.sizes[MICROBATCH_AXIS] if batch and d == 0
                                           else 1)
@@ -239,7 +265,7 @@ class _Binder:
                 extra = " x microbatches" if batch and d == 0 else ""
                 self.error(f"`{name}` dimension {d} has size {shape[d]}, not divisible by "
                            f"{', '.join(axes) or 'the'}{extra} ({n}) (Rule 2.1: no padding)",
-                           span)
+                           span, code="split-not-divisible")
 
     def _collectives(self) -> None:
         b = self.b

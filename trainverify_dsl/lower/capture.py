@@ -84,7 +84,7 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
                     marked: Iterable[str]) -> Captured:
     """The Core-ATen forward graph of ``model(**inputs)`` with ``marked`` modules' inputs and
     outputs marked. ``inputs`` are fake tensors in forward-argument order."""
-    from torch._decomp import core_aten_decompositions
+    from torch._decomp import core_aten_decompositions, get_decompositions
 
     marked = sorted(set(marked))
     handles = _hooks(model, marked)
@@ -94,7 +94,10 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
     finally:
         for handle in handles:
             handle.remove()
-    exported = exported.run_decompositions(dict(core_aten_decompositions()))
+    table = dict(core_aten_decompositions())
+    # as the spec tracer does: layer norm as its arithmetic, so layouts propagate through it
+    table.update(get_decompositions([torch.ops.aten.native_layer_norm]))
+    exported = exported.run_decompositions(table)
     signature = exported.graph_signature
     data_names = list(inputs)
     placeholders: dict[str, tuple[str, str]] = {}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -30,6 +30,9 @@ MICROBATCH_AXIS = "@mb"
 class Factor:
     size: int
     axes: tuple[str, ...] = ()
+    #: made by ``expand`` from size 1: every index holds the same values, so any block of it
+    #: is the same as a shorter broadcast (an operand may be cut to fit a split partner)
+    broadcast: bool = field(default=False, compare=False)
 
 
 Dim = tuple[Factor, ...]
@@ -108,7 +111,7 @@ def normalize_dim(dim: Dim) -> Dim:
     ``(n*m, A)`` (indices ``k*(n*m/N) .. (k+1)*(n*m/N)``), so both describe the same piece."""
     out: list[Factor] = []
     for f in dim:
-        if f.size == 1 and not f.axes:
+        if f.size == 1:  # one index: split only over axes of size 1 (Rule 2.1), so unsplit
             continue
         if out and not f.axes:
             out[-1] = Factor(out[-1].size * f.size, out[-1].axes)

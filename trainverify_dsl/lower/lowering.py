@@ -83,6 +83,9 @@ class Lowered:
     #: marked point -> layout of the value after the point's collectives (a lineage)
     lineages: dict[str, TLayout]
     findings: list[Finding] = field(default_factory=list)
+    #: (stage, boundary id of a recv input) -> the boundary id it really receives, or
+    #: ``None`` for a free value; absent means the implied transfer (Rule 5.2)
+    routes: dict[tuple[int, str], str | None] = field(default_factory=dict)
 
     @property
     def mesh_axes(self) -> tuple[tuple[str, int], ...]:
@@ -265,6 +268,7 @@ class _Lowering:
             self.split_origin[node] = self.binding.param_span(spec)
         elif kind == "data":
             lay = self.binding.data_layout(spec, shape, self.sizes)
+            self.split_origin[node] = self.binding.data_span(spec)
         else:
             lay = TLayout.replicated(shape, const=True)
         self.layouts[node] = lay
@@ -287,7 +291,7 @@ class _Lowering:
                 stage = self.binding.loss_stage()
                 if stage is None:
                     raise LoweringError(Finding(
-                        "unassigned", f"{_describe(node)} is computed outside every module "
+                        "unassigned-op", f"{_describe(node)} is computed outside every module "
                         "assigned to a pipeline stage, and no stage lists `loss`",
                         self.binding.stage_span(0), "(root)"))
             self.stage_of[node] = stage
@@ -328,7 +332,7 @@ class _Lowering:
             else:
                 result = rule(self, node.args, dict(node.kwargs), node.meta["val"])
         except LayoutError as error:
-            raise LoweringError(Finding("layout", f"{name.removeprefix('aten.')} in "
+            raise LoweringError(Finding("layout-mismatch", f"{name.removeprefix('aten.')} in "
                                         f"{self._where()}: {error}", self.current_cause,
                                         self._where())) from None
         args = torch.fx.node.map_aggregate(result.args, lambda a: self.value(self.stage, a))
@@ -337,7 +341,7 @@ class _Lowering:
         try:
             new = self.emit(node.target, args, kwargs)
         except Exception as error:  # noqa: BLE001 - torch shape errors of the local op
-            raise LoweringError(Finding("layout", f"{name.removeprefix('aten.')} in "
+            raise LoweringError(Finding("layout-mismatch", f"{name.removeprefix('aten.')} in "
                                         f"{self._where()} cannot run on the local pieces: "
                                         f"{str(error).splitlines()[0]}", self.current_cause,
                                         self._where())) from None
@@ -345,8 +349,8 @@ class _Lowering:
 
     def _fallback(self, node: torch.fx.Node, name: str) -> Result:
         inputs = [self.layouts[n] for n in node.all_input_nodes]
-        if any(lay.partial or lay.shard_axes() for lay in inputs
-               if isinstance(lay, TLayout)):
+        if any(lay.partial or any(self.sizes[a] > 1 for a in lay.shard_axes())
+               for lay in inputs if isinstance(lay, TLayout)):
             raise LayoutError(f"no layout rule for {name}, and an operand is split or partial")
         out = node.meta["val"]
         const = all(lay.const for lay in inputs if isinstance(lay, TLayout))
@@ -371,7 +375,7 @@ class _Lowering:
         for claim in self.binding.claims_at(point):
             problem = claim_problem(claim, lay, self.sizes)
             if problem:
-                self.findings.append(Finding("claim", f"{point}: {problem}", claim.span,
+                self.findings.append(Finding("claim-contradicts-layout", f"{point}: {problem}", claim.span,
                                              point))
         return value, lay
 
@@ -397,7 +401,7 @@ class _Lowering:
             out = self.emit(torch.ops.tvp.collective.default,
                             (value, kind, ",".join(axes), n, op, dim, dim2, backward))
         except Exception as error:  # noqa: BLE001 - e.g. a block size that does not divide
-            raise LoweringError(Finding("layout", f"{st.kind} {point}: "
+            raise LoweringError(Finding("layout-mismatch", f"{st.kind} {point}: "
                                         f"{str(error).splitlines()[0]}", span, point)) from None
         got = tuple(out.meta["val"].shape)
         if got != tuple(new_lay.local_shape(self.sizes)):
@@ -419,9 +423,6 @@ class _Lowering:
         else:
             final, lay = final
         self.lineages["loss"] = lay
-        for problem in loss_problems(lay, self.binding.data_axes(), self.sizes):
-            self.findings.append(Finding("loss", problem, self.binding.loss_span(),
-                                         "loss"))
         self.outputs[loss_stage].append(Slot("loss", "loss", "loss", lay))
         for old, dests in self.sent.items():
             home = self.stage_of[old]
@@ -472,16 +473,16 @@ def collective_layout(kind: str, op: str, axes: tuple[str, ...], dim: int, dim2:
     if kind in ("all_reduce", "reduce_scatter"):
         for a in axes:
             if a in sharded:
-                problems.append(("collective", f"the tensor is split over {a}: the reduction "
+                problems.append(("collective-mismatch", f"the tensor is split over {a}: the reduction "
                                  "adds pieces of different slices"))
             elif a not in partial_axes and op == "sum":
-                problems.append(("collective", f"the tensor is not partial over {a}: every "
+                problems.append(("collective-mismatch", f"the tensor is not partial over {a}: every "
                                  f"copy is added, multiplying it by {sizes[a]}"))
         if lay.partial and op == "avg" and lay.partial[0] == "sum" and \
                 partial_axes & set(axes):
-            problems.append(("collective", "op=avg divides a partial sum by the group size"))
+            problems.append(("collective-mismatch", "op=avg divides a partial sum by the group size"))
         if lay.partial and lay.partial[0] == "max" and op != "max":
-            problems.append(("collective", f"op={op} of a partial max"))
+            problems.append(("collective-mismatch", f"op={op} of a partial max"))
         left = tuple(a for a in (lay.partial[1] if lay.partial else ()) if a not in axes)
         partial = (lay.partial[0], left) if left and lay.partial else None
         if kind == "reduce_scatter":
@@ -489,21 +490,21 @@ def collective_layout(kind: str, op: str, axes: tuple[str, ...], dim: int, dim2:
         return TLayout(tuple(dims), partial, lay.const, lay.cause), problems
     if kind == "all_gather":
         if lay.partial and partial_axes & set(axes):
-            problems.append(("collective", "the tensor is a partial sum: all-gather "
+            problems.append(("collective-mismatch", "the tensor is a partial sum: all-gather "
                              "concatenates the summands instead of adding them"))
         dims[dim], problem = _remove_axes(dims[dim], axes)
         if problem:
-            problems.append(("collective", problem))
+            problems.append(("collective-mismatch", problem))
         return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems
     if kind == "all_to_all":
         dims[dim2], problem = _remove_axes(dims[dim2], axes)
         if problem:
-            problems.append(("collective", problem.replace("gather", "all-to-all concat")))
+            problems.append(("collective-mismatch", problem.replace("gather", "all-to-all concat")))
         dims[dim] = _append_axes(dims[dim], axes)
         return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems
     if kind == "scatter":
         if any(a in sharded for a in axes):
-            problems.append(("collective", "scatter of a tensor already split over the axis"))
+            problems.append(("collective-mismatch", "scatter of a tensor already split over the axis"))
         dims[dim] = _append_axes(dims[dim], axes)
         return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems
     return lay, problems  # identity (copy)
@@ -552,21 +553,6 @@ def claim_problem(claim: Any, lay: TLayout, sizes: Mapping[str, int]) -> str | N
     return None
 
 
-def loss_problems(lay: TLayout, data_axes: set[str], sizes: Mapping[str, int]) -> list[str]:
-    """The loss must be a mean over the data axes' blocks and microbatches and complete over
-    every other axis (docs/semantics.md §4.6)."""
-    problems = []
-    if lay.partial:
-        op, axes = lay.partial
-        other = [a for a in axes if a not in data_axes and a != MICROBATCH_AXIS]
-        if other:
-            problems.append(f"the loss is a partial {op} over {', '.join(other)}: the "
-                            "pieces of the loss are never combined")
-        elif op != "avg":
-            problems.append(f"the loss is a partial {op} over the data axes, not a mean")
-    return problems
-
-
 def input_sizes(plan: Plan) -> dict[str, int]:
     assert plan.mesh is not None
     sizes = {a.name: a.size for a in plan.mesh.axes}
@@ -579,7 +565,7 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> L
     shapes). Raises ``LoweringError`` (with a plan span) when the plan cannot be lowered;
     softer problems are ``Lowered.findings``."""
     if plan.mesh is None:
-        raise LoweringError(Finding("binding", "the plan has no mesh", None, ""))
+        raise LoweringError(Finding("unbound-name", "the plan has no mesh", None, ""))
     sizes = input_sizes(plan)
     binding = bind_plan(plan, model, {k: tuple(v.shape) for k, v in inputs.items()}, sizes)
     if binding.errors:
@@ -595,7 +581,46 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> L
     boundaries = {old.name: (lowering.stage_of[old], tuple(sorted(dests)))
                   for old, dests in lowering.sent.items()}
     findings = binding.warnings + lowering.findings
-    return Lowered(plan, binding, sizes, stages, boundaries, lowering.lineages, findings)
+    routes = _explicit_sends(lowering, stages)
+    return Lowered(plan, binding, sizes, stages, boundaries, lowering.lineages, findings,
+                   routes)
+
+
+def _explicit_sends(lowering: _Lowering, stages: list[StageProgram]
+                    ) -> dict[tuple[int, str], str | None]:
+    """Rule 5.2: ``send T from i to j`` delivers ``T`` to the first boundary input of stage
+    ``j`` with ``T``'s shape; the stage that received ``T`` by implication reads a free
+    value instead."""
+    routes: dict[tuple[int, str], str | None] = {}
+    graph = lowering.cap.gm.graph
+    for point, source, dest, span in lowering.binding.sends:
+        mark = next((n for n in graph.nodes if n.op == "call_function" and
+                     packet_name(n.target) == MARK and n.args[1] == point), None)
+        if mark is None:
+            raise LoweringError(Finding("unbound-name", f"the spec model never passes through "
+                                        f"`{point}`", span, point))
+        home = lowering.stage_of.get(mark)
+        if home != source:
+            raise LoweringError(Finding("stage-order", f"`send {point} from {source}`: "
+                                        f"`{point}` is computed on stage {home}", span, point))
+        if not 0 <= dest < len(stages) or dest <= source:
+            raise LoweringError(Finding("stage-order", f"`send {point} from {source} to "
+                                        f"{dest}`: the destination must be a later stage",
+                                        span, point))
+        shape = lowering.layouts[mark].local_shape(lowering.sizes)
+        target = next((slot for slot in stages[dest].inputs if slot.kind == "recv" and
+                       slot.layout.local_shape(lowering.sizes) == shape), None)
+        if target is None:
+            raise LoweringError(Finding("stage-order", f"stage {dest} has no boundary input "
+                                        f"shaped like `{point}` to receive it", span, point))
+        for stage in lowering.sent.get(mark, ()):
+            if stage != dest:
+                routes[(stage, mark.name)] = None
+        routes[(dest, target.spec)] = mark.name
+        if mark not in lowering.sent:
+            lowering.findings.append(Finding("stage-order", f"`{point}` is sent but no later "
+                                             "stage read it before", span, point))
+    return routes
 
 
 def _placeholders_first(graph: torch.fx.Graph) -> torch.fx.Graph:

@@ -146,11 +146,23 @@ def _conform(ctx: RuleCtx, value: Any, target: tuple[Dim, ...]) -> Any:
         want = target[k + offset]
         if same_dim(dim, want) or (lay.global_shape()[k] == 1 and not any(f.axes for f in dim)):
             continue
-        if lay.const and not any(f.axes for f in dim):
-            return ctx.adapt(value, lay, TLayout(target[offset:], None, True))
+        if (lay.const or _broadcast_dim(dim)) and not any(f.axes for f in dim):
+            return ctx.adapt(value, lay, _fitted(lay, target[offset:]))
         raise LayoutError(f"operand split as {lay.describe()} meets an operand split as "
                           f"{TLayout(target).describe()}: redistribute one of them first")
     return value
+
+
+def _broadcast_dim(dim: Dim) -> bool:
+    return len(dim) == 1 and dim[0].broadcast
+
+
+def _fitted(lay: TLayout, target: tuple[Dim, ...]) -> TLayout:
+    """``lay`` with every dimension that may be cut (constant tables, broadcasts) taking the
+    target's split; the others as they are."""
+    dims = tuple(t if (lay.const or _broadcast_dim(d)) and not any(f.axes for f in d) and
+                 not same_dim(d, t) else d for d, t in zip(lay.dims, target, strict=True))
+    return TLayout(dims, lay.partial, lay.const, lay.cause)
 
 
 ELEMENTWISE = (
@@ -258,7 +270,7 @@ def _expand(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
             dims.append(lay.dims[k])
             local.append(own[k])
         else:
-            dims.append((Factor(int(n)),))
+            dims.append((Factor(int(n), (), True),))
             local.append(int(n))
     return Result(replace(lay, dims=tuple(dims)), (args[0], local) + tuple(args[2:]), kwargs)
 
@@ -293,13 +305,18 @@ def _select(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
 def _cat(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Result:
     layouts = [ctx.layout(t) for t in args[0]]
     d = _ndim(args[1] if len(args) > 1 else 0, layouts[0].rank)
-    first = layouts[0]
     for lay in layouts:
         _require_unsplit(lay, d, "cat")
-        for k in range(first.rank):
-            if k != d and not same_dim(lay.dims[k], first.dims[k]):
-                raise LayoutError(f"cat of operands split differently: {first.describe()} "
-                                  f"and {lay.describe()}")
+    # each other dimension takes its split from the operand that has one
+    first = layouts[0]
+    target = tuple(next((lay.dims[k] for lay in layouts if lay.is_sharded(k)), first.dims[k])
+                   for k in range(first.rank))
+    operands = []
+    for t, lay in zip(args[0], layouts, strict=True):
+        want = tuple(lay.dims[d] if k == d else target[k] for k in range(lay.rank))
+        operands.append(_conform(ctx, t, want))
+    args = (operands,) + tuple(args[1:])
+    first = replace(first, dims=target)
     partial = _any_partial(layouts)
     if partial and any(lay.partial != partial.partial for lay in layouts):
         ctx.finding("partial-nonlinear", "cat of partial and complete operands", partial)
@@ -408,6 +425,24 @@ def _reduction(name: str) -> Rule:
 
 for _name in REDUCE_KIND:
     RULES[_name] = _reduction(_name)
+
+
+@rule("aten.var_mean", "aten.var")
+def _variance(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Result:
+    """Variance (and mean) over dimensions that must be whole on every rank."""
+    lay = ctx.layout(args[0])
+    given = args[1] if len(args) > 1 else kwargs.get("dim")
+    reduced = set(range(lay.rank)) if not given else {
+        _ndim(d, lay.rank) for d in (given if isinstance(given, (list, tuple)) else [given])}
+    keep = bool(kwargs.get("keepdim", args[3] if len(args) > 3 else False))
+    for d in reduced:
+        _require_unsplit(lay, d, "variance")
+    if lay.partial:
+        ctx.finding("partial-nonlinear", "variance of a partial sum", lay)
+    dims = tuple(((Factor(1),) if d in reduced else dim) for d, dim in enumerate(lay.dims)
+                 if keep or d not in reduced)
+    result = TLayout(dims, None, lay.const)
+    return Result((result, result) if isinstance(out, (tuple, list)) else result, args, kwargs)
 
 
 # -- ops along one dimension (softmax, top-k, gather...) -------------------------------------

@@ -6,7 +6,7 @@ with its own id range so stable ids never collide:
     TVP1xx  syntax           report/codes_syntax.py   (parse/)
     TVP2xx  plan semantics   report/codes_plan.py     (plan/)
     TVP3xx  spec tracing     report/codes_spec.py     (spec/)
-    TVP4xx  lowering/layout  (reserved)
+    TVP4xx  lowering/layout  report/codes_lower.py    (lower/)
     TVP5xx  checker          (reserved)
 
 Look codes up by id or name with ``lookup``; never build a ``Code`` outside a table.
@@ -14,10 +14,11 @@ Look codes up by id or name with ``lookup``; never build a ``Code`` outside a ta
 
 from __future__ import annotations
 
-from trainverify_dsl.report import codes_plan, codes_spec, codes_syntax
+from trainverify_dsl.report import codes_lower, codes_plan, codes_spec, codes_syntax
 from trainverify_dsl.report.diagnostics import Code
 
-ALL_CODES: tuple[Code, ...] = codes_syntax.CODES + codes_plan.CODES + codes_spec.CODES
+ALL_CODES: tuple[Code, ...] = (codes_syntax.CODES + codes_plan.CODES + codes_spec.CODES +
+                               codes_lower.CODES)
 
 
 def _index() -> dict[str, Code]:

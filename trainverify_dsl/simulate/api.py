@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
+from trainverify_dsl.lower.diagnose import to_diagnostic
 from trainverify_dsl.lower.lowering import lower
 from trainverify_dsl.simulate.run import SimulationResult, simulate_lowered, spec_optimizer
 from trainverify_dsl.simulate.setup import SimulationSetup, prepare
@@ -22,5 +21,6 @@ def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool = True) -> Si
     lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
     result = simulate_lowered(lowered, spec, setup.real_model, seed)
     result.sizes = dict(setup.overrides)
-    torch.set_default_dtype(torch.float32)
+    fallback = setup.plan.spec.origin.span if setup.plan.spec else None
+    result.findings = [to_diagnostic(f, fallback) for f in lowered.findings]
     return result

@@ -53,7 +53,7 @@ def rank_step(lowered: Lowered, values: Mapping[str, np.ndarray], rank: int
             args.append(tensor)
         outputs = stage.gm(*args)
         loss = outputs[0]
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         loss.backward(torch.tensor(scale, dtype=loss.dtype))
     for name, p in params.items():
         if p.grad is not None:

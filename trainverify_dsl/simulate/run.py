@@ -61,6 +61,8 @@ class SimulationResult:
     compared: int
     mismatches: list[Mismatch] = field(default_factory=list)
     sizes: dict[str, Any] = field(default_factory=dict)
+    #: layout-pass findings of the lowering (Diagnostics)
+    findings: list[Any] = field(default_factory=list)
 
     @property
     def agrees(self) -> bool:
@@ -149,6 +151,7 @@ class _PlanRun:
         self.scale = float(lowered.plan.loss_scale)
         self.layouts = {s.spec: s.layout for st in lowered.stages for s in st.inputs}
         self.losses: dict[tuple[int, int], float] = {}
+        self.free = np.random.default_rng(12345)
         self.grads: dict[int, dict[str, np.ndarray]] = {}
 
     def _ranks_of(self, stage: int) -> list[int]:
@@ -185,7 +188,12 @@ class _PlanRun:
             elif slot.kind == "coord":
                 feed[name] = np.array(coords[slot.spec], dtype=np.int64)
             else:
-                feed[name] = recv[(slot.spec, self._peer(rank))]
+                source = self.lw.routes.get((stage, slot.spec), slot.spec)
+                if source is None:  # a free value (Rule 5.2): whatever the buffer held
+                    shape = slot.layout.local_shape(self.sizes)
+                    feed[name] = self.free.normal(0.0, 1.0, size=shape)
+                else:
+                    feed[name] = recv[(source, self._peer(rank))]
         graph = self.graphs[stage]
         for g in graph.inputs:
             if g.name == "seed":
@@ -223,8 +231,11 @@ class _PlanRun:
                 if forward and name.startswith("send."):
                     sends[(name.removeprefix("send."), self._peer(r))] = value
                 elif not forward and name.startswith("grad(recv."):
-                    key = (name[len("grad(recv."):-1], self._peer(r))
-                    cotangents[key] = cotangents.get(key, 0) + value
+                    spec = name[len("grad(recv."):-1]
+                    source = self.lw.routes.get((s, spec), spec)
+                    if source is not None:
+                        key = (source, self._peer(r))
+                        cotangents[key] = cotangents.get(key, 0) + value
                 elif not forward and name.startswith("grad("):
                     acc = self.grads.setdefault(r, {})
                     param = name[5:-1]
@@ -265,6 +276,18 @@ class _PlanRun:
                     dims[d] = (Factor(f.size, f.axes + axes),) + dims[d][1:]
                     final[param] = TLayout(tuple(dims))
         return final
+
+
+def accumulated_gradients(lowered: Lowered, values: Mapping[str, np.ndarray],
+                          graphs: list[Graph] | None = None
+                          ) -> tuple[dict[tuple[int, int], float], dict[int, dict[str, np.ndarray]]]:
+    """The plan side before gradient statements: local losses by ``(rank, microbatch)`` and
+    every rank's accumulated parameter gradients (IR, numpy). The torch twin is
+    ``simulate.eager``."""
+    graphs = graphs or [stage_joint(lowered, st) for st in lowered.stages]
+    run = _PlanRun(lowered, graphs, values, None)
+    run.run()
+    return run.losses, run.grads
 
 
 def _zero_layout(lay: TLayout, axes: tuple[str, ...]) -> TLayout:

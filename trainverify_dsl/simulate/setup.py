@@ -24,7 +24,8 @@ class SimulationSetupError(Exception):
 class SimulationSetup:
     plan: Plan
     fake_model: torch.nn.Module
-    real_model: torch.nn.Module
+    #: built only when asked for (a full-size model would not fit in memory)
+    real_model: torch.nn.Module | None
     input_specs: dict[str, Any]
     fake_inputs: dict[str, torch.Tensor]
     #: config overrides and batch/seq used (empty when nothing was shrunk)
@@ -43,7 +44,7 @@ def resolve_plan(path: str | Path) -> Plan:
     return result.plan
 
 
-def prepare(path: str | Path, *, shrink: bool = True) -> SimulationSetup:
+def prepare(path: str | Path, *, shrink: bool = True, real: bool = True) -> SimulationSetup:
     from trainverify_dsl.simulate.shrink import shrunk_sizes
     from trainverify_dsl.spec.load import load_model, model_input_specs
 
@@ -59,14 +60,15 @@ def prepare(path: str | Path, *, shrink: bool = True) -> SimulationSetup:
     seq = seq or plan.spec.seq or 1
     kwargs = {**settings, **overrides}
     fake = load_model(plan.spec.model, plan.spec.config, **kwargs)
-    real = load_model(plan.spec.model, plan.spec.config, fake=False, **kwargs)
+    real_model = load_model(plan.spec.model, plan.spec.config, fake=False, **kwargs) \
+        if real else None
     specs = dict(model_input_specs(fake, batch, seq))
     mode = next(iter(fake.parameters())).fake_mode
     with mode:
         fake_inputs = {k: torch.zeros(tuple(s), dtype=d) for k, (s, d) in specs.items()}
     used = {**overrides, "batch": batch, "seq": seq} if overrides or \
         (batch, seq) != (plan.spec.batch, plan.spec.seq) else {}
-    return SimulationSetup(plan, fake, real, specs, fake_inputs, used)
+    return SimulationSetup(plan, fake, real_model, specs, fake_inputs, used)
 
 
 def _plain(value: Any) -> Any:

@@ -1,0 +1,2 @@
+"""Small torch models for the lowering tests (referenced from plans as
+``spec "tests/models/tiny_nets.py:Class"``)."""

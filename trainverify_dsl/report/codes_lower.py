@@ -1,0 +1,134 @@
+"""Diagnostic codes of the lowering and its layout pass (see report/codes.py for id ranges).
+
+These need the spec model (torch): ``tvp lint --spec`` and ``tvp simulate`` report them. The
+code's ``name`` is the key the lowering uses in its findings (``lower/findings.py``); two
+findings reuse plan codes with the same meaning, now checked against the spec's real sizes
+and data flow: TVP234 ``split-not-divisible`` and TVP244 ``stage-order``. Every
+``example`` is a plan over the tiny MLP (``fc1``: 4 -> 8, ReLU, ``fc2``: 8 -> 3, biases, mean
+squared error) or the tiny Llama that produces its code under ``tvp lint --spec``; every
+``fix`` does not (tests/test_codes_lower.py runs them).
+"""
+
+from trainverify_dsl.report.diagnostics import Code, Severity
+
+_MLP = (
+    "plan demo\n"
+    'spec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1\n'
+    "mesh tp=2\n"
+)
+
+
+def _code(id: str, name: str, summary: str, what: str, why: str, example: str, fix: str,
+          severity: Severity = Severity.ERROR) -> Code:
+    return Code(id, name, severity, summary, what, why, example, fix)
+
+
+UNBOUND_NAME = _code(
+    "TVP401", "unbound-name", "a plan name selects nothing in the spec model",
+    "A parameter, model input, module boundary (`X.in`, `X.out`), gradient or module named "
+    "by the plan does not exist in the traced spec model. The message suggests the closest "
+    "existing names.",
+    "A statement about a tensor that does not exist silently does nothing: the parameter "
+    "the author meant keeps its default (replicated) layout.",
+    _MLP + "split fc1.wieght [tp, -]\n",
+    _MLP + "split fc1.weight [tp, -]\nsplit fc1.bias [tp]\ncopy fc1.in over tp\n"
+           "all-gather fc2.in over tp dim=1\n",
+)
+PARTIAL_INPUT = _code(
+    "TVP402", "partial-input", "a parameter or model input is declared partial",
+    "A `partial` layout on a parameter, optimizer state or model input.",
+    "On inputs a layout defines the distribution, and there is no canonical way to cut a "
+    "value into summands (Rule 2.3).",
+    _MLP + "partial fc1.weight over tp\n",
+    _MLP + "split fc1.weight [tp, -]\nsplit fc1.bias [tp]\ncopy fc1.in over tp\n"
+           "all-gather fc2.in over tp dim=1\n",
+)
+LAYOUT_MISMATCH = _code(
+    "TVP403", "layout-mismatch", "an op's operands are split incompatibly",
+    "An op of the spec cannot run on the local pieces: its operands are split differently "
+    "(a contraction whose two sides split the contracted dimension differently, an "
+    "elementwise op on a split and a whole operand, a reshape that regroups a split "
+    "dimension, a softmax along a split dimension...). No local program exists.",
+    "The plan forgot a redistribution (an all-gather, a scatter) or split the wrong tensor.",
+    _MLP + "split x [-, tp]\n",
+    _MLP + "split x [tp, -]\nsplit target [tp, -]\n",
+)
+PARTIAL_NONLINEAR = _code(
+    "TVP404", "partial-nonlinear", "a partial sum is consumed by a nonlinear op",
+    "A tensor whose pieces are summands of its value (after a contraction over a split "
+    "dimension, or a sum over one) reaches an op that is not linear in it (ReLU, "
+    "multiplication by another partial tensor, a norm, softmax...) before an `all-reduce`.",
+    "relu(a) + relu(b) is not relu(a + b): every rank computes garbage from its summand. The "
+    "classic instance is a row-parallel layer whose output is never all-reduced.",
+    _MLP + "split fc1.weight [-, tp]\nsplit x [-, tp]\n",
+    _MLP + "split fc1.weight [-, tp]\nsplit x [-, tp]\nall-reduce fc1.out over tp\n",
+)
+MIXED_PARTIAL = _code(
+    "TVP405", "mixed-partial", "a complete value is added to a partial sum",
+    "An addition of a partial sum (over some axes) and a value that is complete over them, "
+    "for example a bias added to a row-parallel product before the all-reduce.",
+    "Each rank adds the whole value to its summand, so the reduced result contains it once "
+    "per rank (docs/semantics.md §4.2 item 5).",
+    _MLP + "split fc1.weight [-, tp]\nsplit x [-, tp]\nall-reduce fc1.out over tp\n",
+    _MLP + "split fc1.weight [tp, -]\nsplit fc1.bias [tp]\ncopy fc1.in over tp\n"
+           "all-gather fc2.in over tp dim=1\n",
+)
+COLLECTIVE_MISMATCH = _code(
+    "TVP406", "collective-mismatch", "a collective does not fit the layout of its tensor",
+    "A collective applied where its input layout makes it wrong: an all-reduce with op=sum of "
+    "a tensor that is not partial over the axis (every copy is added), a reduction over an "
+    "axis that splits the tensor (pieces of different slices are added), op=avg of a partial "
+    "sum, an all-gather of a partial sum or of a dimension not split over the axis (or "
+    "split in another order).",
+    "These are the doubled all-reduce, wrong axis, all-gather-instead-of-all-reduce and "
+    "avg-instead-of-sum bugs.",
+    _MLP + "all-reduce fc2.out over tp\n",
+    _MLP + "split fc1.weight [tp, -]\nsplit fc1.bias [tp]\ncopy fc1.in over tp\n"
+           "all-gather fc2.in over tp dim=1\n",
+)
+CLAIM_CONTRADICTS_LAYOUT = _code(
+    "TVP407", "claim-contradicts-layout", "a layout claimed for a computed tensor is not what "
+    "the plan computes",
+    "A layout statement on an activation (`X.out`, `X.in`) claims a placement that layout "
+    "propagation through the spec's ops and the plan's collectives does not give.",
+    "Layouts on computed tensors are assertions the checker must prove; one that "
+    "contradicts the propagated layout is false (or the plan is missing a collective).",
+    _MLP + "split fc1.out [-, tp]\n",
+    _MLP + "split fc1.weight [tp, -]\nsplit fc1.bias [tp]\ncopy fc1.in over tp\n"
+           "split fc1.out [-, tp]\nall-gather fc2.in over tp dim=1\n",
+)
+ALGORITHM_NOT_APPLICABLE = _code(
+    "TVP408", "algorithm-not-applicable", "a parallel algorithm does not fit its module",
+    "The module named by `algorithm` does not have the shape the algorithm needs (an "
+    "embedding lookup, split over the algorithm's axes; stacked expert weights; logits split "
+    "over the vocabulary), or the algorithm is not implemented by the lowering.",
+    "An algorithm replaces the module's local program; applied to the wrong tensors it "
+    "computes something else (vocab-parallel cross-entropy on gathered logits).",
+    _MLP + "algorithm vocab-parallel-embedding for fc1 over tp\n",
+    _MLP + "split fc1.weight [tp, -]\nsplit fc1.bias [tp]\ncopy fc1.in over tp\n"
+           "all-gather fc2.in over tp dim=1\n",
+)
+UNASSIGNED_OP = _code(
+    "TVP409", "unassigned-op", "an op of the spec belongs to no pipeline stage",
+    "With pipeline stages, an op outside every assigned module that is not computed from "
+    "constants alone (the loss, a root-module addition) has no stage, and no stage lists "
+    "`loss`.",
+    "Every op must run somewhere; ops computed from constants (RoPE tables) are recomputed "
+    "where used (docs/semantics.md Rule 5.1), others need a stage.",
+    "plan demo\n"
+    'spec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1\n'
+    "mesh pp=2\n"
+    "pipeline-stage 0: fc1\n"
+    "pipeline-stage 1: fc2\n",
+    "plan demo\n"
+    'spec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1\n'
+    "mesh pp=2\n"
+    "pipeline-stage 0: fc1\n"
+    "pipeline-stage 1: fc2, loss\n",
+)
+
+CODES: tuple[Code, ...] = (
+    UNBOUND_NAME, PARTIAL_INPUT, LAYOUT_MISMATCH, PARTIAL_NONLINEAR,
+    MIXED_PARTIAL, COLLECTIVE_MISMATCH, CLAIM_CONTRADICTS_LAYOUT,
+    ALGORITHM_NOT_APPLICABLE, UNASSIGNED_OP,
+)

@@ -12,6 +12,9 @@ differentiated by AOTAutograd and checked like everything else — never trusted
   detached, the sum of exponentials and the target logit all-reduced.
 - ``expert-parallel`` (§7.5): dispatch every token to the experts' owners with an all-to-all,
   run the local experts, combine back with the inverse all-to-all.
+- ``row-parallel-linear`` (§7.6): a linear layer with a bias whose weight is split by input
+  columns: the local product, all-reduced, then the bias added once (Megatron's
+  RowParallelLinear).
 """
 
 from __future__ import annotations
@@ -80,6 +83,13 @@ def expert_parallel(x: torch.Tensor, weights: torch.Tensor, w1: torch.Tensor,
     out = torch.bmm(F.silu(gate) * up, w2.transpose(1, 2))
     combined = _coll(out, "all_to_all", axes, n, dim=1, dim2=0, backward="all_to_all")
     return (combined * weights.t().unsqueeze(-1)).sum(dim=0)
+
+
+def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                        axes: tuple[str, ...], n: int) -> torch.Tensor:
+    """``x [..., in/n]`` and ``weight [out, in/n]`` local; ``bias [out]`` whole."""
+    partial = torch.matmul(x, weight.t())
+    return _coll(partial, "all_reduce", axes, n) + bias
 
 
 # -- inlining ------------------------------------------------------------------------------
@@ -230,6 +240,33 @@ def module_output(lw: _Lowering, point: str) -> tuple[torch.fx.Node, TLayout] | 
         inputs = [lw.value(lw.stage, x), lw.value(lw.stage, weights)] + \
             [lw.value(lw.stage, holders[p]) for p in params]
         return inline(lw, run, inputs), lw.layouts[x]
+    if site.name == "row-parallel-linear":
+        x = _mark_node(graph, f"{module}.in")
+        holders = {lw.cap.placeholders[n.name][1]: n for n in graph.nodes
+                   if n.op == "placeholder" and n.name in lw.cap.placeholders}
+        weight, bias = holders.get(f"{module}.weight"), holders.get(f"{module}.bias")
+        if weight is None or bias is None:
+            raise _not_applicable(site, "it is not a linear layer with a weight and a bias")
+        if lw.layouts[weight].dim_axes(1) != site.axes or lw.layouts[bias].shard_axes():
+            raise _not_applicable(site, f"its weight must be split over "
+                                        f"{', '.join(site.axes)} by input columns "
+                                        f"(`split {module}.weight [-, axis]`) and its bias "
+                                        "whole")
+        x_lay = lw.layouts[x]
+        if x_lay.dim_axes(x_lay.rank - 1) != site.axes:
+            raise _not_applicable(site, f"its input must be split over "
+                                        f"{', '.join(site.axes)} on the last dimension; it is "
+                                        f"{x_lay.describe()}")
+        _, n = _group(lw, site.axes)
+        axes = site.axes
+
+        def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return row_parallel_linear(x, w, b, axes, n)
+
+        out = inline(lw, run, [lw.value(lw.stage, x), lw.value(lw.stage, weight),
+                               lw.value(lw.stage, bias)])
+        dims = x_lay.dims[:-1] + (lw.layouts[weight].dims[0],)
+        return out, TLayout(dims, None, False)
     raise _not_applicable(site, "this algorithm is not implemented by the lowering yet")
 
 
@@ -286,5 +323,5 @@ def _not_applicable(site: _Site, why: str) -> LoweringError:
                                  f"`{site.module}`: {why}", site.span, site.module))
 
 
-__all__ = ["Factor", "MICROBATCH_AXIS", "expert_parallel", "vocab_parallel_cross_entropy",
-           "vocab_parallel_embedding"]
+__all__ = ["Factor", "MICROBATCH_AXIS", "expert_parallel", "row_parallel_linear",
+           "vocab_parallel_cross_entropy", "vocab_parallel_embedding"]

@@ -288,13 +288,30 @@ class _Lowering:
                 continue
             stage = self.binding.stage_of_stack(module_stack(node))
             if stage is None and not const[node]:
-                stage = self.binding.loss_stage()
-                if stage is None:
-                    raise LoweringError(Finding(
-                        "unassigned-op", f"{_describe(node)} is computed outside every module "
-                        "assigned to a pipeline stage, and no stage lists `loss`",
-                        self.binding.stage_span(0), "(root)"))
+                # outside every assigned module (the loss, GPT-2's embedding sum): on the
+                # latest stage among its operands' (Rule 5.1)
+                stage = max((self.stage_of[n] for n in node.all_input_nodes
+                             if self.stage_of.get(n) is not None), default=0)
             self.stage_of[node] = stage
+        self._check_loss_stage(graph)
+
+    def _check_loss_stage(self, graph: torch.fx.Graph) -> None:
+        if not self.binding.stage_members:
+            return
+        output = next(n for n in graph.nodes if n.op == "output")
+        results = output.args[0]
+        loss = results[0] if isinstance(results, (tuple, list)) else results
+        declared = self.binding.loss_stage()
+        if declared is None:
+            raise LoweringError(Finding(
+                "unassigned-op", f"the loss ({_describe(loss)}) is computed outside every "
+                "module assigned to a pipeline stage, and no stage lists `loss`",
+                self.binding.stage_span(len(self.graphs) - 1), "(root)"))
+        actual = self.stage_of.get(loss)
+        if actual is not None and actual > declared:
+            raise LoweringError(Finding(
+                "stage-order", f"stage {declared} lists `loss`, but the loss needs values of "
+                f"stage {actual}", self.binding.stage_span(declared), "loss"))
 
     def visit(self, node: torch.fx.Node) -> None:
         stage = self.stage

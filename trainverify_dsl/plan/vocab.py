@@ -42,6 +42,7 @@ ALGORITHMS = (
     "vocab-parallel-cross-entropy",
     "context-parallel-attention",
     "expert-parallel",
+    "row-parallel-linear",
 )
 
 #: Hyper-parameters per optimizer kind; ``lr`` is required for every kind.

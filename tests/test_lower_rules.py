@@ -380,7 +380,8 @@ def test_reduce_scatter_then_all_gather_of_a_row_parallel_output(tmp_path: Path,
                               f"all-gather fc2.out over tp dim=1{backward}")
     path = write(tmp_path, "TwoLinear", "batch 4 seq 2\nmesh tp=2", body)
     lw = lowered(path)
-    assert lw.findings == []
+    # the backward layout pass sees the default reduce-scatter summing a complete cotangent
+    assert [f.code for f in lw.findings] == ([] if agrees else ["collective-mismatch"])
     assert lw.lineages["fc2.out"].describe() == "[4, 2, 4]"
     result = simulate_file(path)
     assert result.agrees is agrees, result.mismatches

@@ -12,6 +12,8 @@ differentiated by AOTAutograd and checked like everything else — never trusted
   detached, the sum of exponentials and the target logit all-reduced.
 - ``expert-parallel`` (§7.5): dispatch every token to the experts' owners with an all-to-all,
   run the local experts, combine back with the inverse all-to-all.
+- ``context-parallel-attention`` (§7.4): RoPE at global positions, keys and values all-gathered
+  over the sequence, the causal mask on global positions (Llama's grouped-query attention).
 - ``row-parallel-linear`` (§7.6): a linear layer with a bias whose weight is split by input
   columns: the local product, all-reduced, then the bias added once (Megatron's
   RowParallelLinear).
@@ -19,6 +21,7 @@ differentiated by AOTAutograd and checked like everything else — never trusted
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -83,6 +86,33 @@ def expert_parallel(x: torch.Tensor, weights: torch.Tensor, w1: torch.Tensor,
     out = torch.bmm(F.silu(gate) * up, w2.transpose(1, 2))
     combined = _coll(out, "all_to_all", axes, n, dim=1, dim2=0, backward="all_to_all")
     return (combined * weights.t().unsqueeze(-1)).sum(dim=0)
+
+
+def context_parallel_attention(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                               wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
+                               wo: torch.Tensor, k: torch.Tensor, axes: tuple[str, ...], n: int,
+                               scale: float, helpers: Any) -> torch.Tensor:
+    """Llama attention on this rank's block of positions ``[k S, (k+1) S)`` of ``x [b, S, h]``;
+    ``cos``/``sin`` are the whole tables ``[n S, d/2]``. ``helpers`` is the model's module
+    (its ``apply_rope``, ``split_heads``, ``repeat_kv``, ``merge_heads``)."""
+    apply_rope, split_heads = helpers.apply_rope, helpers.split_heads
+    repeat_kv, merge_heads = helpers.repeat_kv, helpers.merge_heads
+    _, seq, _ = x.shape
+    head_dim = 2 * cos.shape[-1]
+    positions = torch.arange(seq) + k * seq
+    cos_local, sin_local = cos.index_select(0, positions), sin.index_select(0, positions)
+    heads, kv_heads = wq.shape[0] // head_dim, wk.shape[0] // head_dim
+    q = apply_rope(split_heads(torch.matmul(x, wq.t()), heads), cos_local, sin_local)
+    keys = apply_rope(split_heads(torch.matmul(x, wk.t()), kv_heads), cos_local, sin_local)
+    values = split_heads(torch.matmul(x, wv.t()), kv_heads)
+    keys = _coll(keys, "all_gather", axes, n, dim=2, backward="reduce_scatter")
+    values = _coll(values, "all_gather", axes, n, dim=2, backward="reduce_scatter")
+    keys, values = repeat_kv(keys, heads // kv_heads), repeat_kv(values, heads // kv_heads)
+    scores = torch.matmul(q, keys.transpose(-2, -1)) * scale
+    allowed = positions.unsqueeze(-1) >= torch.arange(seq * n).unsqueeze(0)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.matmul(merge_heads(torch.matmul(torch.softmax(scores, dim=-1), values)),
+                        wo.t())
 
 
 def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
@@ -240,6 +270,8 @@ def module_output(lw: _Lowering, point: str) -> tuple[torch.fx.Node, TLayout] | 
         inputs = [lw.value(lw.stage, x), lw.value(lw.stage, weights)] + \
             [lw.value(lw.stage, holders[p]) for p in params]
         return inline(lw, run, inputs), lw.layouts[x]
+    if site.name == "context-parallel-attention":
+        return _context_parallel(lw, site, module, graph)
     if site.name == "row-parallel-linear":
         x = _mark_node(graph, f"{module}.in")
         holders = {lw.cap.placeholders[n.name][1]: n for n in graph.nodes
@@ -268,6 +300,43 @@ def module_output(lw: _Lowering, point: str) -> tuple[torch.fx.Node, TLayout] | 
         dims = x_lay.dims[:-1] + (lw.layouts[weight].dims[0],)
         return out, TLayout(dims, None, False)
     raise _not_applicable(site, "this algorithm is not implemented by the lowering yet")
+
+
+def _context_parallel(lw: _Lowering, site: _Site, module: str,
+                      graph: torch.fx.Graph) -> tuple[torch.fx.Node, TLayout]:
+    x = _mark_node(graph, f"{module}.in")
+    cos, sin = _mark_node(graph, f"{module}.in#1"), _mark_node(graph, f"{module}.in#2")
+    holders = {lw.cap.placeholders[n.name][1]: n for n in graph.nodes
+               if n.op == "placeholder" and n.name in lw.cap.placeholders}
+    names = [f"{module}.{w}.weight" for w in ("wq", "wk", "wv", "wo")]
+    target = lw.model.get_submodule(module)
+    helpers = inspect.getmodule(type(target))
+    needed = ("apply_rope", "split_heads", "repeat_kv", "merge_heads")
+    if not all(n in holders for n in names) or not hasattr(target, "scale") or \
+            not all(hasattr(helpers, h) for h in needed):
+        raise _not_applicable(site, "it is not a Llama attention (wq, wk, wv, wo, scale, and "
+                                    "the RoPE and head helpers of stdlib/models/common.py)")
+    x_lay = lw.layouts[x]
+    if x_lay.rank != 3 or x_lay.dim_axes(1) != site.axes:
+        raise _not_applicable(site, f"its input must be split over {', '.join(site.axes)} "
+                                    f"along the sequence; it is {x_lay.describe()}")
+    k, n = _group(lw, site.axes)
+    axes, scale = site.axes, float(target.scale)
+
+    def run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, wq: torch.Tensor,
+            wk: torch.Tensor, wv: torch.Tensor, wo: torch.Tensor, k: torch.Tensor
+            ) -> torch.Tensor:
+        return context_parallel_attention(x, cos, sin, wq, wk, wv, wo, k, axes, n, scale,
+                                          helpers)
+
+    inputs = [lw.value(lw.stage, v) for v in (x, cos, sin)] + \
+        [lw.value(lw.stage, holders[w]) for w in names] + [k]
+    out = inline(lw, run, inputs)
+    wo_lay = lw.layouts[holders[names[3]]]
+    dims = x_lay.dims[:2] + (wo_lay.dims[0],)
+    split_in = tuple(a for a in wo_lay.dim_axes(1))
+    lay = TLayout(dims).with_partial(("sum", split_in), site.span) if split_in else TLayout(dims)
+    return out, lay
 
 
 def loss_replacement(lw: _Lowering, loss: torch.fx.Node) -> tuple[torch.fx.Node, TLayout] | None:

@@ -199,6 +199,7 @@ class _Binder:
 
     def run(self) -> Binding:
         self._layouts()
+        self._zero_blocks()
         self._collectives()
         self._stages()
         self._algorithms()
@@ -266,6 +267,24 @@ class _Binder:
                 self.error(f"`{name}` dimension {d} has size {shape[d]}, not divisible by "
                            f"{', '.join(axes) or 'the'}{extra} ({n}) (Rule 2.1: no padding)",
                            span, code="split-not-divisible")
+
+    def _zero_blocks(self) -> None:
+        """Rule 6.1: under ``optimizer ... shard over A`` every parameter's local dimension 0
+        must be divisible by the ZeRO group (no flattening, no padding)."""
+        opt = self.plan.optimizer
+        if opt is None or not opt.shard_axes:
+            return
+        group = ways(tuple(a for a in opt.shard_axes if a in self.sizes), self.sizes)
+        for name, shape in self.b.params.items():
+            layout = self.b.param_layouts.get(name)
+            own = tuple(a for a in (layout.axes_of_dim(0) if layout else ())
+                        if a not in PLACEMENT_AXES)
+            local = shape[0] // ways(own, self.sizes) if shape else 1
+            if not shape or local % group:
+                self.error(f"`{name}` has {local} local rows on dimension 0, not divisible by "
+                           f"the optimizer's shard group {', '.join(opt.shard_axes)} ({group}) "
+                           "(Rule 6.1: no flattening, no padding)", opt.origin.span,
+                           code="split-not-divisible")
 
     def _collectives(self) -> None:
         b = self.b

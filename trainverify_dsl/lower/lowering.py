@@ -35,6 +35,7 @@ from trainverify_dsl.lower import algorithms, collectives  # noqa: F401 - regist
 from trainverify_dsl.lower.bind import Binding, bind_plan
 from trainverify_dsl.lower.capture import MARK, Captured, capture_forward, module_stack
 from trainverify_dsl.lower.findings import Finding, LoweringError
+from trainverify_dsl.lower.gradients import GradientTracker
 from trainverify_dsl.lower.layout import (
     MICROBATCH_AXIS,
     Factor,
@@ -127,6 +128,7 @@ class _Lowering:
         self.current_cause: Any = None
         self.skip: set[torch.fx.Node] = set()
         self.coords: list[dict[str, torch.fx.Node]] = [{} for _ in self.graphs]
+        self.grads = GradientTracker(sizes)
 
     # -- RuleCtx ------------------------------------------------------------------------
 
@@ -266,6 +268,7 @@ class _Lowering:
         if kind == "param":
             lay = self.binding.param_layout(spec, shape, self.sizes)
             self.split_origin[node] = self.binding.param_span(spec)
+            self.grads.parameter(node, spec, lay)
         elif kind == "data":
             lay = self.binding.data_layout(spec, shape, self.sizes)
             self.split_origin[node] = self.binding.data_span(spec)
@@ -329,6 +332,7 @@ class _Lowering:
             parent, index = node.args
             new = self.emit(node.target, (self.value(stage, parent), index))
             lay = self.layouts[parent][index]
+            self.grads.op(node, name, [(parent, None, True)], lay, self.current_cause)
         else:
             new, lay = self._ordinary(node, name)
         self.values[stage][node] = new
@@ -362,6 +366,8 @@ class _Lowering:
                                         f"{self._where()} cannot run on the local pieces: "
                                         f"{str(error).splitlines()[0]}", self.current_cause,
                                         self._where())) from None
+        operands = [(a, self.layouts.get(a), _floating(a)) for a in node.all_input_nodes]
+        self.grads.op(node, name, operands, result.layout, self.current_cause)
         return new, result.layout
 
     def _fallback(self, node: torch.fx.Node, name: str) -> Result:
@@ -386,6 +392,12 @@ class _Lowering:
             value, lay = replaced
         else:
             value, lay = self.value(self.stage, source), self.layouts[source]
+            statements = self.binding.collectives_at(point)
+            for statement in statements:
+                sums = st_sums(statement)
+                self.grads.collective(node, source, sums, statement)
+            if not statements:
+                self.grads.op(node, MARK, [(source, lay, True)], lay, None)
         for statement in self.binding.collectives_at(point):
             value, lay = self._collective(value, lay, statement, point)
         self.lineages[point] = lay
@@ -457,6 +469,17 @@ class _Lowering:
                     old = next(n for n in self.sent if n.name == slot.spec)
                     outs.append(self.values[stage][old])
             graph.output(tuple(outs))
+
+
+def st_sums(statement: Collective) -> tuple[str, ...]:
+    """The axes whose cotangent the statement's backward sums (all-reduce, reduce-scatter)."""
+    return tuple(statement.axes) if statement.backward in ("all-reduce", "reduce-scatter") \
+        else ()
+
+
+def _floating(node: Any) -> bool:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.is_floating_point()
 
 
 def _safe(name: str) -> str:
@@ -597,7 +620,9 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> L
         stages.append(StageProgram(index, gm, lowering.inputs[index], lowering.outputs[index]))
     boundaries = {old.name: (lowering.stage_of[old], tuple(sorted(dests)))
                   for old, dests in lowering.sent.items()}
-    findings = binding.warnings + lowering.findings
+    lowering.grads.finish(binding.grad_statements, binding.data_axes(), plan.loss_scale,
+                          plan.microbatches)
+    findings = binding.warnings + lowering.findings + lowering.grads.findings
     routes = _explicit_sends(lowering, stages)
     return Lowered(plan, binding, sizes, stages, boundaries, lowering.lineages, findings,
                    routes)

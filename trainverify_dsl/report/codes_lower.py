@@ -32,7 +32,7 @@ UNBOUND_NAME = _code(
     "the author meant keeps its default (replicated) layout.",
     _MLP + "split fc1.wieght [tp, -]\n",
     _MLP + "split fc1.weight [tp, -]\nsplit fc1.bias [tp]\ncopy fc1.in over tp\n"
-           "all-gather fc2.in over tp dim=1\n",
+           "all-gather fc2.in over tp dim=1 backward scatter\n",
 )
 PARTIAL_INPUT = _code(
     "TVP402", "partial-input", "a parameter or model input is declared partial",
@@ -41,7 +41,7 @@ PARTIAL_INPUT = _code(
     "value into summands (Rule 2.3).",
     _MLP + "partial fc1.weight over tp\n",
     _MLP + "split fc1.weight [tp, -]\nsplit fc1.bias [tp]\ncopy fc1.in over tp\n"
-           "all-gather fc2.in over tp dim=1\n",
+           "all-gather fc2.in over tp dim=1 backward scatter\n",
 )
 LAYOUT_MISMATCH = _code(
     "TVP403", "layout-mismatch", "an op's operands are split incompatibly",
@@ -51,7 +51,7 @@ LAYOUT_MISMATCH = _code(
     "dimension, a softmax along a split dimension...). No local program exists.",
     "The plan forgot a redistribution (an all-gather, a scatter) or split the wrong tensor.",
     _MLP + "split x [-, tp]\n",
-    _MLP + "split x [tp, -]\nsplit target [tp, -]\n",
+    _MLP + "split x [tp, -]\nsplit target [tp, -]\nall-reduce grad(params) over tp op=avg\n",
 )
 PARTIAL_NONLINEAR = _code(
     "TVP404", "partial-nonlinear", "a partial sum is consumed by a nonlinear op",
@@ -61,7 +61,8 @@ PARTIAL_NONLINEAR = _code(
     "relu(a) + relu(b) is not relu(a + b): every rank computes garbage from its summand. The "
     "classic instance is a row-parallel layer whose output is never all-reduced.",
     _MLP + "split fc1.weight [-, tp]\nsplit x [-, tp]\n",
-    _MLP + "split fc1.weight [-, tp]\nsplit x [-, tp]\nall-reduce fc1.out over tp\n",
+    _MLP + "split fc1.weight [-, tp]\nsplit x [-, tp]\n"
+           "algorithm row-parallel-linear for fc1 over tp\n",
 )
 MIXED_PARTIAL = _code(
     "TVP405", "mixed-partial", "a complete value is added to a partial sum",
@@ -71,7 +72,7 @@ MIXED_PARTIAL = _code(
     "per rank (docs/semantics.md §4.2 item 5).",
     _MLP + "split fc1.weight [-, tp]\nsplit x [-, tp]\nall-reduce fc1.out over tp\n",
     _MLP + "split fc1.weight [tp, -]\nsplit fc1.bias [tp]\ncopy fc1.in over tp\n"
-           "all-gather fc2.in over tp dim=1\n",
+           "all-gather fc2.in over tp dim=1 backward scatter\n",
 )
 COLLECTIVE_MISMATCH = _code(
     "TVP406", "collective-mismatch", "a collective does not fit the layout of its tensor",
@@ -84,7 +85,7 @@ COLLECTIVE_MISMATCH = _code(
     "avg-instead-of-sum bugs.",
     _MLP + "all-reduce fc2.out over tp\n",
     _MLP + "split fc1.weight [tp, -]\nsplit fc1.bias [tp]\ncopy fc1.in over tp\n"
-           "all-gather fc2.in over tp dim=1\n",
+           "all-gather fc2.in over tp dim=1 backward scatter\n",
 )
 CLAIM_CONTRADICTS_LAYOUT = _code(
     "TVP407", "claim-contradicts-layout", "a layout claimed for a computed tensor is not what "
@@ -95,7 +96,7 @@ CLAIM_CONTRADICTS_LAYOUT = _code(
     "contradicts the propagated layout is false (or the plan is missing a collective).",
     _MLP + "split fc1.out [-, tp]\n",
     _MLP + "split fc1.weight [tp, -]\nsplit fc1.bias [tp]\ncopy fc1.in over tp\n"
-           "split fc1.out [-, tp]\nall-gather fc2.in over tp dim=1\n",
+           "split fc1.out [-, tp]\nall-gather fc2.in over tp dim=1 backward scatter\n",
 )
 ALGORITHM_NOT_APPLICABLE = _code(
     "TVP408", "algorithm-not-applicable", "a parallel algorithm does not fit its module",
@@ -106,7 +107,7 @@ ALGORITHM_NOT_APPLICABLE = _code(
     "computes something else (vocab-parallel cross-entropy on gathered logits).",
     _MLP + "algorithm vocab-parallel-embedding for fc1 over tp\n",
     _MLP + "split fc1.weight [tp, -]\nsplit fc1.bias [tp]\ncopy fc1.in over tp\n"
-           "all-gather fc2.in over tp dim=1\n",
+           "all-gather fc2.in over tp dim=1 backward scatter\n",
 )
 UNASSIGNED_OP = _code(
     "TVP409", "unassigned-op", "an op of the spec belongs to no pipeline stage",
@@ -127,8 +128,39 @@ UNASSIGNED_OP = _code(
     "pipeline-stage 1: fc2, loss\n",
 )
 
+MISSING_COLLECTIVE = _code(
+    "TVP410", "missing-collective", "a gradient comes out partial and nothing reduces it",
+    "A complete value feeds a computation split over an axis (a column-parallel layer, a "
+    "batch- or sequence-split activation), so on each rank its gradient is only a share "
+    "(Partial(sum), docs/semantics.md §3.3); no `copy`/`all-gather` over the axis sums it on "
+    "the way back, and no gradient statement reduces the parameters it reaches.",
+    "This is the missing `copy` in front of a column-parallel layer, the sequence-parallel "
+    "norm weight whose gradient is never all-reduced, and the missing data-parallel "
+    "gradient all-reduce: the replicas drift apart.",
+    _MLP.replace("tp=2", "dp=2") + "split x [dp, -]\nsplit target [dp, -]\n",
+    _MLP.replace("tp=2", "dp=2") + "split x [dp, -]\nsplit target [dp, -]\n"
+                                   "all-reduce grad(params) over dp op=avg\n",
+)
+LOSS_SCALE_MISMATCH = _code(
+    "TVP411", "loss-scale-mismatch", "the loss scale and the gradient reduction do not undo "
+    "each other",
+    "Over the data axes (those splitting an input), the gradient statement's factor (1 for "
+    "sum, 1/n for avg) times the loss scale times the number of data ranks and microbatches "
+    "is not 1, so gradients come out that many times the spec's (docs/semantics.md §4.7).",
+    "Loss not scaled by the microbatch count, scaled twice, or summed where the mean is "
+    "needed: training runs with a silently wrong learning rate.",
+    "plan demo\n"
+    'spec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1\n'
+    "mesh dp=2\nmicrobatches 2\nsplit x [dp, -]\nsplit target [dp, -]\n"
+    "all-reduce grad(params) over dp op=avg\n",
+    "plan demo\n"
+    'spec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1\n'
+    "mesh dp=2\nmicrobatches 2\nloss-scale 1/microbatches\nsplit x [dp, -]\n"
+    "split target [dp, -]\nall-reduce grad(params) over dp op=avg\n",
+)
+
 CODES: tuple[Code, ...] = (
     UNBOUND_NAME, PARTIAL_INPUT, LAYOUT_MISMATCH, PARTIAL_NONLINEAR,
     MIXED_PARTIAL, COLLECTIVE_MISMATCH, CLAIM_CONTRADICTS_LAYOUT,
-    ALGORITHM_NOT_APPLICABLE, UNASSIGNED_OP,
+    ALGORITHM_NOT_APPLICABLE, UNASSIGNED_OP, MISSING_COLLECTIVE, LOSS_SCALE_MISMATCH,
 )

@@ -1,0 +1,231 @@
+"""The layout pass for the backward: which gradients come out partial, and whether the plan
+reduces them (docs/semantics.md §3.3, §4.5, §4.7).
+
+Under the cotangent convention of §3.3 (a copy of a replicated value holds the full gradient),
+a value that is **complete** over an axis ``X`` but consumed by an op whose output is **split**
+over ``X`` on a dimension the value does not run along (a weight multiplying batch-split rows, a
+norm weight scaling sequence-split tokens, a replicated activation entering a
+column-parallel product) receives only its share of the gradient on each rank: its cotangent
+is ``Partial(sum)`` over ``X``. A partial cotangent flows back through every op (a backward is
+linear in the output's cotangent) until a collective whose backward sums over ``X`` (``copy``:
+all-reduce; ``all-gather``: reduce-scatter) makes it complete.
+
+The forward walk records every op (``record``) and collective (``collective``); ``finish`` runs
+the backward over the record and checks the parameters' gradients against the plan's gradient
+statements:
+
+- a gradient partial over an axis no statement reduces (a missing ``copy``, a missing
+  sequence-parallel norm all-reduce, a missing data-parallel all-reduce): TVP410
+  ``missing-collective``, reported once per axis and cause, at the split statement that made
+  it partial;
+- ``op=avg`` over an axis that splits no input (avg divides a true sum), a reduction over an
+  axis that splits the parameter (adds different slices) or over which its gradient is already
+  complete with ``op=sum`` (multiplies it): TVP406 ``collective-mismatch``;
+- over the data axes, the reduction's factor times the loss scale times the number of data
+  ranks and microbatches must be 1 (§4.7): TVP411 ``loss-scale-mismatch``;
+- a ``copy``/``all-gather`` whose backward sums a cotangent that is already complete multiplies
+  it by the group size: TVP406 ``collective-mismatch``.
+
+Ops inside parallel algorithms are not seen (the algorithm's own collectives carry its
+backward and the simulation checks it); cotangents entering an algorithm's inputs are taken as
+complete.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from trainverify_dsl.lower.findings import Finding
+from trainverify_dsl.lower.layout import MICROBATCH_AXIS, TLayout
+from trainverify_dsl.report.span import Span
+
+#: axis -> the plan span that made the cotangent partial over it
+Partial = dict[str, Span | None]
+
+
+def covered_dims(name: str, index: int, operand: TLayout, out: TLayout) -> set[int] | None:
+    """Output dimensions operand ``index`` of op ``name`` runs along (its gradient does not
+    sum over them); ``None`` when every output dimension is (the op is not understood, so no
+    first-order partial is assumed)."""
+    if name == "aten.mm":
+        return {0} if index == 0 else {1}
+    if name == "aten.addmm":
+        return {1} if index in (0, 2) else {0}
+    if name == "aten.bmm":
+        return {0, 1} if index == 0 else {0, 2}
+    if name == "aten.embedding":
+        return {out.rank - 1} if index == 0 else set(range(out.rank - 1))
+    if name in ("aten.mul", "aten.add", "aten.sub", "aten.div", "aten.where"):
+        shape, out_shape = operand.global_shape(), out.global_shape()
+        offset = out.rank - operand.rank
+        return {d for d in range(out.rank) if d - offset >= 0 and shape[d - offset] ==
+                out_shape[d] and shape[d - offset] > 1}
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Op:
+    out: Any
+    name: str
+    #: (operand, its layout, floating point) in argument order
+    operands: tuple[tuple[Any, Any, bool], ...]
+    layout: Any
+    span: Span | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Collective:
+    out: Any
+    source: Any
+    #: axes whose cotangent the backward sums (copy, all-gather), and the statement
+    sums: tuple[str, ...]
+    statement: Any
+
+
+@dataclass
+class GradientTracker:
+    sizes: Mapping[str, int]
+    record: list[Any] = field(default_factory=list)
+    params: dict[Any, str] = field(default_factory=dict)
+    split: dict[str, set[str]] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    #: (code, span, reason) -> parameters, for one finding per wrong statement
+    _grouped: dict[tuple[str, Any, str], list[str]] = field(default_factory=dict)
+    _scale_checked: bool = True
+
+    # -- during the forward walk ----------------------------------------------------------
+
+    def parameter(self, node: Any, name: str, layout: TLayout) -> None:
+        self.params[node] = name
+        self.split[name] = {a for a in layout.shard_axes() if self.sizes.get(a, 1) > 1}
+
+    def op(self, out: Any, name: str, operands: Sequence[tuple[Any, Any, bool]], layout: Any,
+           span: Span | None) -> None:
+        self.record.append(_Op(out, name, tuple(operands), layout, span))
+
+    def collective(self, out: Any, source: Any, sums: tuple[str, ...], statement: Any) -> None:
+        self.record.append(_Collective(out, source, sums, statement))
+
+    # -- after it ------------------------------------------------------------------------
+
+    def _real(self, axes: Any) -> set[str]:
+        return {a for a in axes if self.sizes.get(a, 1) > 1 and a != MICROBATCH_AXIS}
+
+    def backward(self) -> dict[Any, Partial]:
+        """The cotangent's partial axes of every recorded value."""
+        cot: dict[Any, Partial] = {}
+        for item in reversed(self.record):
+            mine = cot.get(item.out, {})
+            if isinstance(item, _Collective):
+                summed = set(item.sums)
+                if summed and not summed & set(mine):
+                    self.findings.append(Finding(
+                        "collective-mismatch", f"the backward of `{item.statement.kind} "
+                        f"{item.statement.target}` sums a gradient that is already complete "
+                        f"over {', '.join(item.sums)}: it multiplies it by "
+                        f"{math.prod(self.sizes[a] for a in item.sums)}",
+                        item.statement.origin.span, str(item.statement.target)))
+                passed = {a: s for a, s in mine.items() if a not in summed}
+                _merge(cot, item.source, passed)
+                continue
+            out = item.layout if isinstance(item.layout, TLayout) else None
+            for index, (value, lay, floating) in enumerate(item.operands):
+                if not floating or not isinstance(lay, TLayout) or lay.const:
+                    continue
+                contribution = dict(mine)
+                covered = covered_dims(item.name, index, lay, out) if out is not None else None
+                if covered is not None and out is not None and not lay.partial:
+                    shared = {a for d in range(out.rank) if d not in covered
+                              for a in self._real(out.dim_axes(d))}
+                    for axis in shared - lay.shard_axes():
+                        contribution.setdefault(axis, item.span)
+                _merge(cot, value, contribution)
+        return cot
+
+    def finish(self, statements: Sequence[tuple[Any, tuple[str, ...]]], data_axes: set[str],
+               loss_scale: Fraction, microbatches: int) -> None:
+        cot = self.backward()
+        used = {value for item in self.record if isinstance(item, _Op)
+                for value, _, _ in item.operands}
+        # A backward that sums over a data axis (an all-gather of a sequence split over a data
+        # axis) already adds different data blocks' gradients: the scale accounting of §4.7
+        # then depends on the activations, and is not checked here.
+        self._scale_checked = not any(
+            isinstance(item, _Collective) and set(item.sums) & data_axes for item in self.record)
+        missing: dict[tuple[str, Span | None], list[str]] = {}
+        for node, param in self.params.items():
+            if node not in used:  # only inside parallel algorithms: not seen here
+                continue
+            partial = cot.get(node, {})
+            applied = [(st, tuple(a for a in st.axes if self.sizes.get(a, 1) > 1))
+                       for st, names in statements if param in names]
+            reduced = {a for _, axes in applied for a in axes}
+            for axis, span in partial.items():
+                if axis not in reduced:
+                    missing.setdefault((axis, span), []).append(param)
+            self._check_statements(param, set(partial), applied, data_axes, loss_scale,
+                                   microbatches)
+        for (axis, span), params in missing.items():
+            shown = ", ".join(f"`{p}`" for p in params[:3])
+            more = f" and {len(params) - 3} more" if len(params) > 3 else ""
+            self.findings.append(Finding(
+                "missing-collective", f"the gradients of {shown}{more} are partial over {axis} "
+                f"(this split makes each rank's gradient a share) and nothing reduces them: no "
+                f"`copy`/`all-gather` over {axis} on the way back and no gradient statement "
+                f"over {axis}", span, params[0],
+                help=f"if the split feeds a column-parallel layer, add `copy <layer>.in over "
+                     f"{axis}`; for a replicated parameter, `all-reduce grad(...) over "
+                     f"{axis}`"))
+        for (code, span, reason), params in self._grouped.items():
+            shown = ", ".join(f"`{p}`" for p in params[:3])
+            more = f" and {len(params) - 3} more" if len(params) > 3 else ""
+            self.findings.append(Finding(code, reason.format(params=shown + more), span,
+                                         params[0]))
+
+    def _check_statements(self, param: str, partial: set[str], applied: list[Any],
+                          data_axes: set[str], loss_scale: Fraction, microbatches: int) -> None:
+        factor = Fraction(1)
+        for st, axes in applied:
+            op = st.op or "sum"
+            for axis in axes:
+                if axis in self.split.get(param, set()):
+                    self._group("collective-mismatch", st.origin.span, "the gradients of "
+                                f"{{params}} are split over {axis}: reducing them adds the "
+                                "gradients of different slices", param)
+                elif axis not in partial and op == "sum":
+                    self._group("collective-mismatch", st.origin.span, "the gradients of "
+                                f"{{params}} are already complete over {axis}: summing their "
+                                f"copies multiplies them by {self.sizes[axis]}", param)
+            if op == "avg":
+                tensor_axes = [a for a in axes if a in partial and a not in data_axes]
+                if tensor_axes:
+                    self._group("collective-mismatch", st.origin.span, "the gradients of "
+                                f"{{params}} are partial sums over {', '.join(tensor_axes)}: "
+                                "op=avg divides them by "
+                                f"{math.prod(self.sizes[a] for a in tensor_axes)}", param)
+                factor /= math.prod(self.sizes[a] for a in axes)
+        data = sorted(a for a in partial if a in data_axes)
+        reduced = {a for _, axes in applied for a in axes}
+        if not set(data) <= reduced or not self._scale_checked:
+            return  # reported as missing, or not decidable from the statements
+        ranks = math.prod(self.sizes[a] for a in data)
+        total = factor * loss_scale * microbatches * ranks
+        if total != 1:
+            span = applied[-1][0].origin.span if applied else None
+            self._group("loss-scale-mismatch", span, f"the gradients of {{params}} come out "
+                        f"{total} times the spec's: the reduction's factor {factor} x "
+                        f"loss-scale {loss_scale} x {microbatches} microbatches x {ranks} data "
+                        f"ranks ({', '.join(data)}) is not 1 (docs/semantics.md §4.7)", param)
+
+    def _group(self, code: str, span: Any, reason: str, param: str) -> None:
+        self._grouped.setdefault((code, span, reason), []).append(param)
+
+
+def _merge(cot: dict[Any, Partial], node: Any, contribution: Partial) -> None:
+    target = cot.setdefault(node, {})
+    for axis, span in contribution.items():
+        target.setdefault(axis, span)

@@ -64,6 +64,7 @@ def result_json(path: str, result: Any) -> dict[str, Any]:
         "first_difference": _mismatch(result.first) if result.first else None,
         "mismatches": [_mismatch(m) for m in result.mismatches[:SHOWN]],
         "mismatch_count": len(result.mismatches),
+        "lineage_mismatches": [_mismatch(m) for m in result.lineage_mismatches[:SHOWN]],
         "findings": [_diagnostic(d) for d in result.findings],
     }
 
@@ -90,6 +91,13 @@ def _text(path: str, result: Any) -> str:
     lines.append(f"{path}: {verdict}: max relative error {result.max_rel_error:.3g} "
                  f"(tolerance {TOLERANCE:g}) over {result.compared} tensors on "
                  f"{result.ranks} ranks")
+    if result.lineage_mismatches and result.first is result.lineage_mismatches[0]:
+        m = result.first
+        lines.append(f"  first difference: {_where(m.span)}: {m.tensor} on rank {m.rank}: "
+                     f"relative error {m.rel_error:.3g} ({m.detail})")
+    elif result.lineage_mismatches:
+        lines.append(f"  note: {len(result.lineage_mismatches)} intermediate value(s) differ "
+                     "from their derived lineage although the outputs agree")
     for m in result.mismatches[:SHOWN]:
         rank = f"rank {m.rank}" if m.rank >= 0 else "logical value"
         detail = f" ({m.detail})" if m.detail else ""

@@ -8,6 +8,7 @@ rank of each group along its mesh axis and hands back each rank's result.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -68,17 +69,36 @@ def _run_collective(node: Node, per_rank: list[list[np.ndarray]], groups: Groups
         values.append(results[rank])
 
 
+def _dead_after(graph: Graph) -> list[list[int]]:
+    """For each node, the values no later node or output reads (freed after it runs)."""
+    last: dict[int, int] = {}
+    for k, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last[v] = k
+    kept = {value for _, value in graph.outputs}
+    dead: list[list[int]] = [[] for _ in graph.nodes]
+    for value, k in last.items():
+        if value not in kept:
+            dead[k].append(value)
+    return dead
+
+
 def evaluate_spmd(graph: Graph, rank_inputs: Sequence[Mapping[str, object]],
                   groups: GroupsFn | None = None) -> list[dict[str, np.ndarray]]:
     """Evaluate ``graph`` on every rank; ``groups(axis)`` gives the rank groups of an axis
-    (default: one group of all ranks)."""
+    (default: one group of all ranks). Values are dropped after their last use, so memory
+    follows the live values, not the whole graph times the ranks."""
     n_ranks = len(rank_inputs)
     groups = groups or (lambda axis: [list(range(n_ranks))])
-    per_rank = [_bind_inputs(graph, inputs) for inputs in rank_inputs]
-    for node in graph.nodes:
+    per_rank: list[list[Any]] = [_bind_inputs(graph, inputs) for inputs in rank_inputs]
+    dead = _dead_after(graph)
+    for k, node in enumerate(graph.nodes):
         if OPS[node.op].collective:
             _run_collective(node, per_rank, groups)
-            continue
-        for values in per_rank:
-            values.append(run_node(node, tuple(values[v] for v in node.inputs)))
+        else:
+            for values in per_rank:
+                values.append(run_node(node, tuple(values[v] for v in node.inputs)))
+        for v in dead[k]:
+            for values in per_rank:
+                values[v] = None
     return [{name: values[value] for name, value in graph.outputs} for values in per_rank]

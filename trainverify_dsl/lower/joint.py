@@ -9,7 +9,9 @@ importer. Names of the IR graph's inputs and outputs:
   coordinate); ``recv.<id>`` (a boundary value from an earlier stage); ``seed`` (the cotangent
   of the local loss: the plan's loss scale, docs/semantics.md §4.3); ``cotangent.<id>`` (the
   cotangent of a value sent to a later stage, coming back from it);
-- outputs: ``loss``, ``send.<id>``, ``grad(<parameter>)`` and ``grad(recv.<id>)``.
+- outputs: ``loss``, ``send.<id>``, ``lineage.<point>`` (the value at a marked point, for
+  simulation; its cotangent input ``cotangent.lineage.<point>`` is zero), ``grad(<parameter>)``
+  and ``grad(recv.<id>)``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ def input_name(slot: Slot) -> str:
 
 
 def output_name(slot: Slot) -> str:
-    return "loss" if slot.kind == "loss" else f"send.{slot.spec}"
+    if slot.kind == "loss":
+        return "loss"
+    return f"lineage.{slot.spec}" if slot.kind == "lineage" else f"send.{slot.spec}"
 
 
 def _differentiable(slot: Slot, value: torch.Tensor) -> bool:

@@ -57,7 +57,8 @@ class Slot:
     """One input or output of a stage's local forward."""
 
     name: str
-    #: ``param``, ``buffer``, ``data``, ``coord``, ``recv`` (inputs); ``loss``, ``send``
+    #: ``param``, ``buffer``, ``data``, ``coord``, ``recv`` (inputs); ``loss``, ``send``,
+    #: ``lineage`` (outputs; a lineage output's ``spec`` is the marked point)
     kind: str
     #: the spec tensor (parameter/input name, or the boundary value's id)
     spec: str
@@ -129,6 +130,8 @@ class _Lowering:
         self.skip: set[torch.fx.Node] = set()
         self.coords: list[dict[str, torch.fx.Node]] = [{} for _ in self.graphs]
         self.grads = GradientTracker(sizes)
+        #: stage -> marked point -> its local value (observed in simulation)
+        self.observed: dict[int, dict[str, torch.fx.Node]] = {}
 
     # -- RuleCtx ------------------------------------------------------------------------
 
@@ -401,11 +404,14 @@ class _Lowering:
         for statement in self.binding.collectives_at(point):
             value, lay = self._collective(value, lay, statement, point)
         self.lineages[point] = lay
+        if value.op != "placeholder" and isinstance(value.meta.get("val"), torch.Tensor) and \
+                value.meta["val"].is_floating_point():
+            self.observed.setdefault(self.stage, {}).setdefault(point, value)
         for claim in self.binding.claims_at(point):
             problem = claim_problem(claim, lay, self.sizes)
             if problem:
-                self.findings.append(Finding("claim-contradicts-layout", f"{point}: {problem}", claim.span,
-                                             point))
+                self.findings.append(Finding("claim-contradicts-layout", f"{point}: {problem}",
+                                             claim.span, point))
         return value, lay
 
     def _collective(self, value: torch.fx.Node, lay: TLayout, st: Collective,
@@ -468,6 +474,15 @@ class _Lowering:
                 else:
                     old = next(n for n in self.sent if n.name == slot.spec)
                     outs.append(self.values[stage][old])
+            # the value at every marked point, for comparing lineages in simulation (their
+            # cotangents are zero: observing a value does not change the step)
+            seen = set(outs)
+            for point, node in self.observed.get(stage, {}).items():
+                if node not in seen:
+                    seen.add(node)
+                    self.outputs[stage].append(Slot(f"lineage.{point}", "lineage", point,
+                                                    self.lineages[point]))
+                    outs.append(node)
             graph.output(tuple(outs))
 
 

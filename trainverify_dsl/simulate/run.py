@@ -63,14 +63,22 @@ class SimulationResult:
     sizes: dict[str, Any] = field(default_factory=dict)
     #: layout-pass findings of the lowering (Diagnostics)
     findings: list[Any] = field(default_factory=list)
+    #: marked points whose values differ from their derived lineage, in program order
+    lineage_mismatches: list[Mismatch] = field(default_factory=list)
 
     @property
     def agrees(self) -> bool:
+        """The final outputs agree (loss, gradients, updates). A derived lineage that differs
+        while they agree is not a disagreement (docs/semantics.md §8)."""
         return not self.mismatches and self.max_rel_error < TOLERANCE
 
     @property
     def first(self) -> Mismatch | None:
-        return self.mismatches[0] if self.mismatches else None
+        """The first tensor in program order that differs: an intermediate value at a marked
+        point if one does, else the first final output."""
+        if not self.mismatches:
+            return None
+        return (self.lineage_mismatches or self.mismatches)[0]
 
 
 #: A tensor is compared relative to its own largest entry, but never relative to less than
@@ -158,6 +166,8 @@ class _PlanRun:
         self.scale = float(lowered.plan.loss_scale)
         self.layouts = {s.spec: s.layout for st in lowered.stages for s in st.inputs}
         self.losses: dict[tuple[int, int], float] = {}
+        #: (marked point, rank, microbatch) -> the local value there
+        self.observed: dict[tuple[str, int, int], np.ndarray] = {}
         self.free = np.random.default_rng(12345)
         self.grads: dict[int, dict[str, np.ndarray]] = {}
 
@@ -237,6 +247,8 @@ class _PlanRun:
             for name, value in out.items():
                 if forward and name.startswith("send."):
                     sends[(name.removeprefix("send."), self._peer(r))] = value
+                elif forward and name.startswith("lineage."):
+                    self.observed[(name.removeprefix("lineage."), r, m)] = value
                 elif not forward and name.startswith("grad(recv."):
                     spec = name[len("grad(recv."):-1]
                     source = self.lw.routes.get((s, spec), spec)
@@ -347,8 +359,87 @@ def simulate_lowered(lowered: Lowered, spec: Any, model: torch.nn.Module, seed: 
         if param not in holders:
             mismatches.append(Mismatch(f"grad({param})", -1, math.inf, None,
                                        "no rank computes this gradient"))
-    return SimulationResult(lowered.plan.name or "", run.mesh.world_size, worst, compared,
-                            mismatches)
+    result = SimulationResult(lowered.plan.name or "", run.mesh.world_size, worst, compared,
+                              mismatches)
+    result.lineage_mismatches = _check_lineages(run, lowered, model, values,
+                                                FLOOR * magnitude)
+    return result
+
+
+def spec_values_at(model: torch.nn.Module, values: Mapping[str, np.ndarray],
+                   data: list[str], points: list[str]) -> dict[str, np.ndarray]:
+    """The spec's values at module boundaries (``X.in``, ``X.in#k``, ``X.out``): the model run
+    eagerly in float64 on ``values`` (a torch forward; its loss and gradients are the IR
+    spec's, tested in tests/test_spec_models.py)."""
+    import copy
+
+    net = copy.deepcopy(model).double()
+    with torch.no_grad():
+        for name, tensor in list(net.named_parameters()) + list(net.named_buffers()):
+            if name in values and tensor.is_floating_point():
+                tensor.copy_(torch.from_numpy(np.asarray(values[name], dtype=np.float64)))
+    seen: dict[str, np.ndarray] = {}
+    modules = {p.rsplit(".", 1)[0] for p in points}
+    handles = []
+    for path in modules:
+        module = net.get_submodule(path)
+
+        def pre(_m: Any, args: tuple[Any, ...], _p: str = path) -> None:
+            for k, a in enumerate(args):
+                if isinstance(a, torch.Tensor) and a.is_floating_point():
+                    seen[f"{_p}.in" if k == 0 else f"{_p}.in#{k}"] = a.detach().numpy().copy()
+
+        def post(_m: Any, _a: Any, out: Any, _p: str = path) -> None:
+            if isinstance(out, torch.Tensor):
+                seen[f"{_p}.out"] = out.detach().numpy().copy()
+
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    try:
+        with torch.no_grad():
+            net(*(torch.from_numpy(np.asarray(values[d])) for d in data))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def _check_lineages(run: _PlanRun, lowered: Lowered, model: torch.nn.Module,
+                    values: Mapping[str, np.ndarray], floor: float) -> list[Mismatch]:
+    points = list(dict.fromkeys(point for point, _, _ in run.observed))
+    if not points:
+        return []
+    data = list(lowered.binding.data)  # model inputs, in forward-argument order
+    want = spec_values_at(model, values, data, points)
+    found: list[Mismatch] = []
+    for point in points:
+        lay = lowered.lineages[point]
+        if point not in want:
+            continue
+        statements = lowered.binding.collectives_at(point)
+        span = statements[-1].origin.span if statements else None
+        for (p, rank, m), piece in sorted(run.observed.items()):
+            if p != point:
+                continue
+            coords = run.coords(rank, m)
+            got = piece
+            if lay.partial and MICROBATCH_AXIS in lay.partial[1]:
+                continue  # a mean over microbatches is no local piece to compare
+            if lay.partial:
+                op, axes = lay.partial
+                group = run.mesh.group(rank, tuple(a for a in axes if a in run.mesh.sizes))
+                pieces = [run.observed.get((point, r, m)) for r in group]
+                if any(x is None for x in pieces):
+                    continue
+                got = OPS["all_reduce"].evaluate([(x,) for x in pieces],
+                                                 {"axis": ",".join(axes), "op": op,
+                                                  "group_size": len(group)})[0]
+            expected = take_local(want[point], lay, coords, run.sizes)
+            err = rel_error(got, expected, floor)
+            if not err < TOLERANCE:
+                found.append(Mismatch(point, rank, err, span,
+                                      f"local piece vs lineage {lay.describe()}, microbatch {m}"))
+                break
+    return found
 
 
 def _grad_span(binding: Any, param: str) -> Span | None:

@@ -60,30 +60,36 @@ def shrunk_sizes(plan: Plan, settings: dict[str, Any]) -> tuple[dict[str, Any], 
     cp = sizes.get("cp", 1)
     # ZeRO-1 needs every parameter's local dimension 0 divisible by the shard group (Rule 6.1)
     z = math.prod(sizes[a] for a in plan.optimizer.shard_axes) if plan.optimizer else 1
+
+    def unit(k: int) -> int:
+        """The least multiple of ``k`` that a ZeRO block divides."""
+        return math.lcm(k, z)
+
     batch = n_batch
     seq = 2 * tp * cp
     model = config.get("model")
     out: dict[str, Any] = {}
     if model == "MLP":
-        out = {"d_in": 2 * tp * z, "d_hidden": 2 * tp * z, "d_out": 2 * tp * z}
+        out = {"d_in": unit(2 * tp), "d_hidden": unit(2 * tp), "d_out": unit(2 * tp)}
         seq = 1
     elif model in ("Llama", "GPT2"):
-        heads, head_dim = 2 * tp, 2 * z
-        out = {"hidden": heads * head_dim, "n_heads": heads, "ffn_hidden": 2 * tp * z,
-               "vocab_size": 4 * tp * z, "max_seq_len": max(seq, 8)}
+        heads, head_dim = 2 * tp, unit(2)
+        out = {"hidden": heads * head_dim, "n_heads": heads, "ffn_hidden": tp * unit(2),
+               "vocab_size": tp * unit(4), "max_seq_len": max(seq, 8)}
         if model == "Llama":
             gqa = config.get("n_kv_heads", heads) < config.get("n_heads", 0)
             out["n_kv_heads"] = tp if gqa else heads
             out["rope_original_max_seq_len"] = config.get("rope_original_max_seq_len", 8192)
     elif model == "DeepSeekV3":
         groups = config.get("n_group", 1)
-        experts = math.lcm(2 * ep * z, groups * 2)
-        out = {"hidden": 8 * tp * z, "n_heads": tp, "dense_ffn": 2 * tp * z,
-               "moe_inter": 2 * tp * z, "vocab_size": 4 * tp * z, "n_routed_experts": experts,
-               "qk_nope_head_dim": z, "qk_rope_head_dim": 2 * z, "v_head_dim": z,
-               "kv_lora_rank": 2 * tp * z, "max_seq_len": max(seq, 8),
+        experts = math.lcm(ep * unit(2), 2 * groups)
+        out = {"hidden": unit(8), "n_heads": tp, "dense_ffn": tp * unit(2),
+               "moe_inter": tp * unit(2), "vocab_size": tp * unit(4),
+               "n_routed_experts": experts, "qk_nope_head_dim": unit(2),
+               "qk_rope_head_dim": unit(2), "v_head_dim": unit(2), "kv_lora_rank": unit(4),
+               "max_seq_len": max(seq, 8),
                "n_activated_experts": min(config.get("n_activated_experts", 2), 2),
                "topk_group": min(config.get("topk_group", 1), groups)}
         if config.get("q_lora_rank"):
-            out["q_lora_rank"] = 2 * tp * z
+            out["q_lora_rank"] = unit(4)
     return out, batch, seq

@@ -43,8 +43,8 @@ from trainverify_dsl.lower.findings import Finding
 from trainverify_dsl.lower.layout import MICROBATCH_AXIS, TLayout
 from trainverify_dsl.report.span import Span
 
-#: axis -> the plan span that made the cotangent partial over it
-Partial = dict[str, Span | None]
+#: axis -> (the plan span that made the cotangent partial over it, the module where it did)
+Partial = dict[str, tuple[Span | None, str]]
 
 
 def covered_dims(name: str, index: int, operand: TLayout, out: TLayout) -> set[int] | None:
@@ -75,6 +75,7 @@ class _Op:
     operands: tuple[tuple[Any, Any, bool], ...]
     layout: Any
     span: Span | None
+    where: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +105,8 @@ class GradientTracker:
         self.split[name] = {a for a in layout.shard_axes() if self.sizes.get(a, 1) > 1}
 
     def op(self, out: Any, name: str, operands: Sequence[tuple[Any, Any, bool]], layout: Any,
-           span: Span | None) -> None:
-        self.record.append(_Op(out, name, tuple(operands), layout, span))
+           span: Span | None, where: str = "") -> None:
+        self.record.append(_Op(out, name, tuple(operands), layout, span, where))
 
     def collective(self, out: Any, source: Any, sums: tuple[str, ...], statement: Any) -> None:
         self.record.append(_Collective(out, source, sums, statement))
@@ -142,7 +143,7 @@ class GradientTracker:
                     shared = {a for d in range(out.rank) if d not in covered
                               for a in self._real(out.dim_axes(d))}
                     for axis in shared - lay.shard_axes():
-                        contribution.setdefault(axis, item.span)
+                        contribution.setdefault(axis, (item.span, item.where))
                 _merge(cot, value, contribution)
         return cot
 
@@ -156,7 +157,7 @@ class GradientTracker:
         # then depends on the activations, and is not checked here.
         self._scale_checked = not any(
             isinstance(item, _Collective) and set(item.sums) & data_axes for item in self.record)
-        missing: dict[tuple[str, Span | None], list[str]] = {}
+        missing: dict[tuple[str, tuple[Span | None, str]], list[str]] = {}
         for node, param in self.params.items():
             if node not in used:  # only inside parallel algorithms: not seen here
                 continue
@@ -164,17 +165,18 @@ class GradientTracker:
             applied = [(st, tuple(a for a in st.axes if self.sizes.get(a, 1) > 1))
                        for st, names in statements if param in names]
             reduced = {a for _, axes in applied for a in axes}
-            for axis, span in partial.items():
+            for axis, cause in partial.items():
                 if axis not in reduced:
-                    missing.setdefault((axis, span), []).append(param)
+                    missing.setdefault((axis, cause), []).append(param)
             self._check_statements(param, set(partial), applied, data_axes, loss_scale,
                                    microbatches)
-        for (axis, span), params in missing.items():
+        for (axis, (span, where)), params in missing.items():
             shown = ", ".join(f"`{p}`" for p in params[:3])
             more = f" and {len(params) - 3} more" if len(params) > 3 else ""
             self.findings.append(Finding(
                 "missing-collective", f"the gradients of {shown}{more} are partial over {axis} "
-                f"(this split makes each rank's gradient a share) and nothing reduces them: no "
+                f"(in `{where}` a complete value meets one split over {axis} by this "
+                f"statement, so each rank's gradient is a share) and nothing reduces them: no "
                 f"`copy`/`all-gather` over {axis} on the way back and no gradient statement "
                 f"over {axis}", span, params[0],
                 help=f"if the split feeds a column-parallel layer, add `copy <layer>.in over "

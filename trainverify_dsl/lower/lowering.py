@@ -370,7 +370,7 @@ class _Lowering:
                                         f"{str(error).splitlines()[0]}", self.current_cause,
                                         self._where())) from None
         operands = [(a, self.layouts.get(a), _floating(a)) for a in node.all_input_nodes]
-        self.grads.op(node, name, operands, result.layout, self.current_cause)
+        self.grads.op(node, name, operands, result.layout, self.current_cause, self._where())
         return new, result.layout
 
     def _fallback(self, node: torch.fx.Node, name: str) -> Result:
@@ -403,6 +403,8 @@ class _Lowering:
                 self.grads.op(node, MARK, [(source, lay, True)], lay, None)
         for statement in self.binding.collectives_at(point):
             value, lay = self._collective(value, lay, statement, point)
+            if statement.kind in ("all-gather", "reduce-scatter", "all-to-all", "scatter"):
+                self.split_origin[node] = statement.origin.span  # it changes the split
         self.lineages[point] = lay
         if value.op != "placeholder" and isinstance(value.meta.get("val"), torch.Tensor) and \
                 value.meta["val"].is_floating_point():

@@ -405,7 +405,10 @@ def spec_values_at(model: torch.nn.Module, values: Mapping[str, np.ndarray],
 
 def _check_lineages(run: _PlanRun, lowered: Lowered, model: torch.nn.Module,
                     values: Mapping[str, np.ndarray], floor: float) -> list[Mismatch]:
-    points = list(dict.fromkeys(point for point, _, _ in run.observed))
+    by_point: dict[str, list[tuple[int, int, np.ndarray]]] = {}
+    for (point, rank, m), piece in run.observed.items():
+        by_point.setdefault(point, []).append((rank, m, piece))
+    points = list(by_point)
     if not points:
         return []
     data = list(lowered.binding.data)  # model inputs, in forward-argument order
@@ -417,9 +420,7 @@ def _check_lineages(run: _PlanRun, lowered: Lowered, model: torch.nn.Module,
             continue
         statements = lowered.binding.collectives_at(point)
         span = statements[-1].origin.span if statements else None
-        for (p, rank, m), piece in sorted(run.observed.items()):
-            if p != point:
-                continue
+        for rank, m, piece in sorted(by_point[point], key=lambda item: item[:2]):
             coords = run.coords(rank, m)
             got = piece
             if lay.partial and MICROBATCH_AXIS in lay.partial[1]:

@@ -109,14 +109,14 @@ def _text(path: str, result: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    import warnings
+
     from trainverify_dsl.cli.lint_cmd import render_diagnostics
     from trainverify_dsl.lower.diagnose import to_diagnostic
     from trainverify_dsl.lower.findings import LoweringError
     from trainverify_dsl.simulate import simulate_file
     from trainverify_dsl.simulate.setup import SimulationSetupError, resolve_plan
     from trainverify_dsl.spec.errors import SpecError
-
-    import warnings
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own deprecations
     try:

@@ -352,8 +352,8 @@ def loss_replacement(lw: _Lowering, loss: torch.fx.Node) -> tuple[torch.fx.Node,
     logits_lay = lw.layouts[logits_mark]
     if logits_lay.dim_axes(logits_lay.rank - 1) != site.axes:
         lw.findings.append(Finding(
-            "algorithm-not-applicable", f"vocab-parallel-cross-entropy expects the logits split over "
-            f"{', '.join(site.axes)} along the vocabulary; they are {logits_lay.describe()}",
+            "algorithm-not-applicable", "vocab-parallel-cross-entropy expects the logits split "
+            f"over {', '.join(site.axes)} along the vocabulary; they are {logits_lay.describe()}",
             site.span, site.module))
     k, n = _group(lw, site.axes)
     axes = site.axes

@@ -425,7 +425,7 @@ class _Lowering:
         rank = lay.rank
         dim = _norm(st.dim if st.dim is not None else (st.split_dim or 0), rank)
         dim2 = _norm(st.concat_dim, rank) if st.concat_dim is not None else -1
-        op = st.op or ("sum" if kind in ("all_reduce", "reduce_scatter") else "sum")
+        op = st.op or "sum"
         backward = COLLECTIVE_KIND.get(st.backward, st.backward.replace("-", "_"))
         new_lay, problems = collective_layout(kind, st.op or "sum", axes, dim, dim2, lay,
                                               self.sizes, st.kind)
@@ -461,7 +461,7 @@ class _Lowering:
             final, lay = final
         self.lineages["loss"] = lay
         self.outputs[loss_stage].append(Slot("loss", "loss", "loss", lay))
-        for old, dests in self.sent.items():
+        for old in self.sent:
             home = self.stage_of[old]
             self.outputs[home].append(Slot(f"send.{old.name}", "send", old.name,
                                            self.layouts[old]))
@@ -530,14 +530,15 @@ def collective_layout(kind: str, op: str, axes: tuple[str, ...], dim: int, dim2:
     if kind in ("all_reduce", "reduce_scatter"):
         for a in axes:
             if a in sharded:
-                problems.append(("collective-mismatch", f"the tensor is split over {a}: the reduction "
-                                 "adds pieces of different slices"))
+                problems.append(("collective-mismatch", f"the tensor is split over {a}: the "
+                                 "reduction adds pieces of different slices"))
             elif a not in partial_axes and op == "sum":
-                problems.append(("collective-mismatch", f"the tensor is not partial over {a}: every "
-                                 f"copy is added, multiplying it by {sizes[a]}"))
+                problems.append(("collective-mismatch", f"the tensor is not partial over {a}: "
+                                 f"every copy is added, multiplying it by {sizes[a]}"))
         if lay.partial and op == "avg" and lay.partial[0] == "sum" and \
                 partial_axes & set(axes):
-            problems.append(("collective-mismatch", "op=avg divides a partial sum by the group size"))
+            problems.append(("collective-mismatch",
+                             "op=avg divides a partial sum by the group size"))
         if lay.partial and lay.partial[0] == "max" and op != "max":
             problems.append(("collective-mismatch", f"op={op} of a partial max"))
         left = tuple(a for a in (lay.partial[1] if lay.partial else ()) if a not in axes)
@@ -561,7 +562,8 @@ def collective_layout(kind: str, op: str, axes: tuple[str, ...], dim: int, dim2:
         return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems
     if kind == "scatter":
         if any(a in sharded for a in axes):
-            problems.append(("collective-mismatch", "scatter of a tensor already split over the axis"))
+            problems.append(("collective-mismatch",
+                             "scatter of a tensor already split over the axis"))
         dims[dim] = _append_axes(dims[dim], axes)
         return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems
     return lay, problems  # identity (copy)
@@ -589,7 +591,7 @@ def _remove_axes(dim: tuple[Factor, ...], axes: tuple[str, ...]
 def claim_problem(claim: Any, lay: TLayout, sizes: Mapping[str, int]) -> str | None:
     """Why the derived layout ``lay`` contradicts a layout statement, or ``None``."""
     want = claim.layout
-    for axis, size in sizes.items():
+    for axis in sizes:
         if axis == MICROBATCH_AXIS or axis == "pp":
             continue
         placement = want.placement(axis)

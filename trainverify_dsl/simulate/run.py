@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -297,9 +296,12 @@ class _PlanRun:
         return final
 
 
+Losses = dict[tuple[int, int], float]
+Grads = dict[int, dict[str, np.ndarray]]
+
+
 def accumulated_gradients(lowered: Lowered, values: Mapping[str, np.ndarray],
-                          graphs: list[Graph] | None = None
-                          ) -> tuple[dict[tuple[int, int], float], dict[int, dict[str, np.ndarray]]]:
+                          graphs: list[Graph] | None = None) -> tuple[Losses, Grads]:
     """The plan side before gradient statements: local losses by ``(rank, microbatch)`` and
     every rank's accumulated parameter gradients (IR, numpy). The torch twin is
     ``simulate.eager``."""

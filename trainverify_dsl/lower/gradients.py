@@ -135,9 +135,12 @@ class GradientTracker:
                 continue
             out = item.layout if isinstance(item.layout, TLayout) else None
             for index, (value, lay, floating) in enumerate(item.operands):
-                if not floating or not isinstance(lay, TLayout) or lay.const:
+                if not floating or (isinstance(lay, TLayout) and lay.const):
                     continue
-                contribution = dict(mine)
+                contribution = dict(mine)  # a backward is linear in the output's cotangent
+                if not isinstance(lay, TLayout):  # a multi-output parent (getitem)
+                    _merge(cot, value, contribution)
+                    continue
                 covered = covered_dims(item.name, index, lay, out) if out is not None else None
                 if covered is not None and out is not None and not lay.partial:
                     shared = {a for d in range(out.rank) if d not in covered

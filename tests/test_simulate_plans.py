@@ -72,3 +72,12 @@ def test_cli_lowering_error_is_a_diagnostic(capsys: pytest.CaptureFixture[str]) 
     assert main(["simulate", plan]) == 1
     out = capsys.readouterr().out
     assert "[TVP403]" in out and "Traceback" not in out
+
+
+def test_clip_grad_norm_is_refused_not_ignored(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    plan = (ROOT / "plans" / "mlp_tiny_dp.tvp").read_text() + "clip-grad-norm 1.0\n"
+    path = tmp_path / "clip.tvp"
+    path.write_text(plan, encoding="utf-8")
+    assert main(["simulate", str(path)]) == 2
+    assert "not simulated yet" in capsys.readouterr().err

@@ -8,12 +8,16 @@ from pathlib import Path
 from trainverify_dsl.lower.diagnose import to_diagnostic
 from trainverify_dsl.lower.lowering import lower
 from trainverify_dsl.simulate.run import SimulationResult, simulate_lowered, spec_optimizer
-from trainverify_dsl.simulate.setup import SimulationSetup, prepare
+from trainverify_dsl.simulate.setup import SimulationSetup, SimulationSetupError, prepare
 
 
 def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool = True) -> SimulationResult:
     """Raises ``SimulationSetupError`` / ``LoweringError`` / ``SpecError`` with diagnostics."""
     setup: SimulationSetup = prepare(path, shrink=shrink)
+    if setup.plan.clip_grad_norm is not None:
+        raise SimulationSetupError([], f"{path}: `clip-grad-norm` is not simulated yet "
+                                       "(neither side would clip, so agreement would say "
+                                       "nothing about it)")
     from trainverify_dsl.spec.trace import trace_training_step
 
     spec = trace_training_step(setup.fake_model, setup.input_specs,

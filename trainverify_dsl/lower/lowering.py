@@ -235,6 +235,11 @@ class _Lowering:
                     stage, f"recv.{old.name}", "recv", old.name, lay, old.meta["val"].dtype)
                 self.sent.setdefault(old, set()).add(stage)
             return self.recv[stage][old]
+        if old in self.skip:
+            raise LoweringError(Finding(
+                "algorithm-not-applicable", f"{_describe(old)} belongs to a module that a "
+                "parallel algorithm replaces, but is also used outside it", None,
+                self._where()))
         raise LoweringError(Finding(
             "stage-order", f"stage {stage} reads {_describe(old)} computed on the later stage "
             f"{home}: the stage order breaks a data dependency",

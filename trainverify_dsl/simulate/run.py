@@ -168,6 +168,7 @@ class _PlanRun:
         #: (marked point, rank, microbatch) -> the local value there
         self.observed: dict[tuple[str, int, int], np.ndarray] = {}
         self.free = np.random.default_rng(12345)
+        self.free_values: dict[tuple[int, str, int, int], np.ndarray] = {}
         self.grads: dict[int, dict[str, np.ndarray]] = {}
 
     def _ranks_of(self, stage: int) -> list[int]:
@@ -205,9 +206,13 @@ class _PlanRun:
                 feed[name] = np.array(coords[slot.spec], dtype=np.int64)
             else:
                 source = self.lw.routes.get((stage, slot.spec), slot.spec)
-                if source is None:  # a free value (Rule 5.2): whatever the buffer held
-                    shape = slot.layout.local_shape(self.sizes)
-                    feed[name] = self.free.normal(0.0, 1.0, size=shape)
+                if source is None:  # a free value (Rule 5.2): whatever the buffer held,
+                    # the same in the forward and the backward sweep
+                    key = (stage, slot.spec, rank, m)
+                    if key not in self.free_values:
+                        shape = slot.layout.local_shape(self.sizes)
+                        self.free_values[key] = self.free.normal(0.0, 1.0, size=shape)
+                    feed[name] = self.free_values[key]
                 else:
                     feed[name] = recv[(source, self._peer(rank))]
         graph = self.graphs[stage]

@@ -47,12 +47,16 @@ def run_node(node: Node, args: tuple[np.ndarray, ...]) -> np.ndarray:
 
 
 def evaluate_graph(graph: Graph, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
-    """Evaluate ``graph`` on named input arrays; returns the named outputs."""
-    values = _bind_inputs(graph, inputs)
-    for node in graph.nodes:
+    """Evaluate ``graph`` on named input arrays; returns the named outputs. Values are dropped
+    after their last use (a full training step keeps only its live values)."""
+    values: list[Any] = _bind_inputs(graph, inputs)
+    dead = _dead_after(graph)
+    for k, node in enumerate(graph.nodes):
         if OPS[node.op].collective:
             raise InterpError(f"collective {node.op!r} needs evaluate_spmd")
         values.append(run_node(node, tuple(values[v] for v in node.inputs)))
+        for v in dead[k]:
+            values[v] = None
     return {name: values[value] for name, value in graph.outputs}
 
 

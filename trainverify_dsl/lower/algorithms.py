@@ -179,9 +179,7 @@ def skipped_nodes(lw: _Lowering, graph: torch.fx.Graph) -> set[torch.fx.Node]:
                if s.module != "loss" and s.name != "vocab-parallel-cross-entropy"}
     skipped = {n for n in graph.nodes if n.op == "call_function" and
                packet_name(n.target) != MARK and any(path in modules for path in module_stack(n))}
-    if any(s.name == "vocab-parallel-cross-entropy" for s in _sites(lw)):
-        skipped |= _loss_region(lw, graph)
-    return skipped
+    return skipped | lw.loss_region
 
 
 def _ce_site(lw: _Lowering) -> _Site | None:
@@ -189,11 +187,13 @@ def _ce_site(lw: _Lowering) -> _Site | None:
                  and s.module != "loss"), None)
 
 
-def _loss_region(lw: _Lowering, graph: torch.fx.Graph) -> set[torch.fx.Node]:
+def loss_region(lw: _Lowering, graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The loss computation the vocab-parallel cross-entropy replaces: ops outside every
+    module that depend on the output head's ``.out`` (empty without that algorithm)."""
     site = _ce_site(lw)
     if site is None:
         return set()
-    start = _mark_node(graph, f"{site.module}.out")
+    start = _mark_node(lw, f"{site.module}.out")
     region: set[torch.fx.Node] = set()
     reached = {start}
     for node in graph.nodes:
@@ -204,11 +204,9 @@ def _loss_region(lw: _Lowering, graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return region
 
 
-def _mark_node(graph: torch.fx.Graph, point: str) -> torch.fx.Node:
-    for node in graph.nodes:
-        if node.op == "call_function" and packet_name(node.target) == MARK and \
-                node.args[1] == point:
-            return node
+def _mark_node(lw: _Lowering, point: str) -> torch.fx.Node:
+    if point in lw.marks:
+        return lw.marks[point]
     raise LoweringError(Finding("unbound-name", f"the spec model never passes through `{point}`",
                                 None, point))
 
@@ -248,17 +246,15 @@ def module_output(lw: _Lowering, point: str) -> tuple[torch.fx.Node, TLayout] | 
                                                                        site.span)
         return out, lay
     if site.name == "expert-parallel":
-        x = _mark_node(graph, f"{module}.in")
-        weights = _mark_node(graph, f"{module}.in#1")
+        x = _mark_node(lw, f"{module}.in")
+        weights = _mark_node(lw, f"{module}.in#1")
         params = [f"{module}.{w}" for w in ("w1", "w2", "w3")]
-        holders = {lw.cap.placeholders[n.name][1]: n for n in graph.nodes
-                   if n.op == "placeholder" and n.name in lw.cap.placeholders}
-        if not all(p in holders for p in params):
+        if not all(p in lw.param_nodes for p in params):
             raise _not_applicable(site, "it has no stacked expert weights w1, w2, w3")
-        experts = holders[params[0]].meta["val"].shape[0]
+        experts = lw.param_nodes[params[0]].meta["val"].shape[0]
         _, n = _group(lw, site.axes)
         for p in params:
-            if lw.layouts[holders[p]].dim_axes(0) != site.axes:
+            if lw.layouts[lw.param_nodes[p]].dim_axes(0) != site.axes:
                 raise _not_applicable(site, f"`{p}` is not split over "
                                             f"{', '.join(site.axes)} along the experts")
         axes = site.axes
@@ -268,15 +264,13 @@ def module_output(lw: _Lowering, point: str) -> tuple[torch.fx.Node, TLayout] | 
             return expert_parallel(x, w, w1, w2, w3, axes, n, experts)
 
         inputs = [lw.value(lw.stage, x), lw.value(lw.stage, weights)] + \
-            [lw.value(lw.stage, holders[p]) for p in params]
+            [lw.value(lw.stage, lw.param_nodes[p]) for p in params]
         return inline(lw, run, inputs), lw.layouts[x]
     if site.name == "context-parallel-attention":
-        return _context_parallel(lw, site, module, graph)
+        return _context_parallel(lw, site, module)
     if site.name == "row-parallel-linear":
-        x = _mark_node(graph, f"{module}.in")
-        holders = {lw.cap.placeholders[n.name][1]: n for n in graph.nodes
-                   if n.op == "placeholder" and n.name in lw.cap.placeholders}
-        weight, bias = holders.get(f"{module}.weight"), holders.get(f"{module}.bias")
+        x = _mark_node(lw, f"{module}.in")
+        weight, bias = lw.param_nodes.get(f"{module}.weight"), lw.param_nodes.get(f"{module}.bias")
         if weight is None or bias is None:
             raise _not_applicable(site, "it is not a linear layer with a weight and a bias")
         if lw.layouts[weight].dim_axes(1) != site.axes or lw.layouts[bias].shard_axes():
@@ -302,17 +296,14 @@ def module_output(lw: _Lowering, point: str) -> tuple[torch.fx.Node, TLayout] | 
     raise _not_applicable(site, "this algorithm is not implemented by the lowering yet")
 
 
-def _context_parallel(lw: _Lowering, site: _Site, module: str,
-                      graph: torch.fx.Graph) -> tuple[torch.fx.Node, TLayout]:
-    x = _mark_node(graph, f"{module}.in")
-    cos, sin = _mark_node(graph, f"{module}.in#1"), _mark_node(graph, f"{module}.in#2")
-    holders = {lw.cap.placeholders[n.name][1]: n for n in graph.nodes
-               if n.op == "placeholder" and n.name in lw.cap.placeholders}
+def _context_parallel(lw: _Lowering, site: _Site, module: str) -> tuple[torch.fx.Node, TLayout]:
+    x = _mark_node(lw, f"{module}.in")
+    cos, sin = _mark_node(lw, f"{module}.in#1"), _mark_node(lw, f"{module}.in#2")
     names = [f"{module}.{w}.weight" for w in ("wq", "wk", "wv", "wo")]
     target = lw.model.get_submodule(module)
     helpers = inspect.getmodule(type(target))
     needed = ("apply_rope", "split_heads", "repeat_kv", "merge_heads")
-    if not all(n in holders for n in names) or not hasattr(target, "scale") or \
+    if not all(n in lw.param_nodes for n in names) or not hasattr(target, "scale") or \
             not all(hasattr(helpers, h) for h in needed):
         raise _not_applicable(site, "it is not a Llama attention (wq, wk, wv, wo, scale, and "
                                     "the RoPE and head helpers of stdlib/models/common.py)")
@@ -330,9 +321,9 @@ def _context_parallel(lw: _Lowering, site: _Site, module: str,
                                           helpers)
 
     inputs = [lw.value(lw.stage, v) for v in (x, cos, sin)] + \
-        [lw.value(lw.stage, holders[w]) for w in names] + [k]
+        [lw.value(lw.stage, lw.param_nodes[w]) for w in names] + [k]
     out = inline(lw, run, inputs)
-    wo_lay = lw.layouts[holders[names[3]]]
+    wo_lay = lw.layouts[lw.param_nodes[names[3]]]
     dims = x_lay.dims[:2] + (wo_lay.dims[0],)
     split_in = tuple(a for a in wo_lay.dim_axes(1))
     lay = TLayout(dims).with_partial(("sum", split_in), site.span) if split_in else TLayout(dims)
@@ -343,9 +334,8 @@ def loss_replacement(lw: _Lowering, loss: torch.fx.Node) -> tuple[torch.fx.Node,
     site = _ce_site(lw)
     if site is None:
         return None
-    graph = lw.cap.gm.graph
-    logits_mark = _mark_node(graph, f"{site.module}.out")
-    region = _loss_region(lw, graph)
+    logits_mark = _mark_node(lw, f"{site.module}.out")
+    region = lw.loss_region
     labels = _data_ancestor(lw, region)
     if labels is None:
         raise _not_applicable(site, "the loss reads no label input")

@@ -22,7 +22,6 @@ from trainverify_dsl.plan.model import (
     Algorithm,
     Collective,
     Layout,
-    Partial,
     Plan,
     TensorPattern,
 )
@@ -340,4 +339,4 @@ def bind_plan(plan: Plan, model: nn.Module, data: Mapping[str, tuple[int, ...]],
     return _Binder(plan, model, data, sizes).run()
 
 
-__all__ = ["Binding", "Claim", "Partial", "bind_plan"]
+__all__ = ["Binding", "Claim", "bind_plan"]

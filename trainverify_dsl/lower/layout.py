@@ -124,6 +124,14 @@ def same_dim(a: Dim, b: Dim) -> bool:
     return normalize_dim(a) == normalize_dim(b)
 
 
+def append_axes(dim: Dim, axes: Sequence[str]) -> Dim:
+    """``dim`` further split over ``axes``, innermost (a reduce-scatter's or ZeRO's blocks):
+    the axes join the outermost factor."""
+    factors = list(normalize_dim(dim)) or [Factor(1)]
+    outer = factors[0]
+    return (Factor(outer.size, outer.axes + tuple(axes)),) + tuple(factors[1:])
+
+
 # -- reshape -------------------------------------------------------------------------------
 
 

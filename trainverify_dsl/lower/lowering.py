@@ -41,6 +41,7 @@ from trainverify_dsl.lower.layout import (
     Factor,
     LayoutError,
     TLayout,
+    append_axes,
     normalize_dim,
 )
 from trainverify_dsl.lower.rules import RULES, Result
@@ -80,8 +81,6 @@ class Lowered:
     #: axis sizes, including the microbatch pseudo-axis ``@mb``
     sizes: dict[str, int]
     stages: list[StageProgram]
-    #: boundary id -> (producing stage, consuming stages)
-    boundaries: dict[str, tuple[int, tuple[int, ...]]]
     #: marked point -> layout of the value after the point's collectives (a lineage)
     lineages: dict[str, TLayout]
     findings: list[Finding] = field(default_factory=list)
@@ -128,6 +127,10 @@ class _Lowering:
         self.current: torch.fx.Node | None = None
         self.current_cause: Any = None
         self.skip: set[torch.fx.Node] = set()
+        #: marked point -> its mark node; parameter name -> its placeholder (found once)
+        self.marks: dict[str, torch.fx.Node] = {}
+        self.param_nodes: dict[str, torch.fx.Node] = {}
+        self.loss_region: set[torch.fx.Node] = set()
         self.coords: list[dict[str, torch.fx.Node]] = [{} for _ in self.graphs]
         self.grads = GradientTracker(sizes)
         #: stage -> marked point -> its local value (observed in simulation)
@@ -260,7 +263,10 @@ class _Lowering:
         for node in graph.nodes:
             if node.op == "placeholder":
                 self._layout_input(node)
+            elif node.op == "call_function" and packet_name(node.target) == MARK:
+                self.marks.setdefault(node.args[1], node)
         self._assign_stages(graph)
+        self.loss_region = algorithms.loss_region(self, graph)
         self.skip = algorithms.skipped_nodes(self, graph)
         for node in graph.nodes:
             if node.op == "call_function" and self.stage_of.get(node) is not None \
@@ -277,6 +283,7 @@ class _Lowering:
             lay = self.binding.param_layout(spec, shape, self.sizes)
             self.split_origin[node] = self.binding.param_span(spec)
             self.grads.parameter(node, spec, lay)
+            self.param_nodes[spec] = node
         elif kind == "data":
             lay = self.binding.data_layout(spec, shape, self.sizes)
             self.split_origin[node] = self.binding.data_span(spec)
@@ -433,7 +440,7 @@ class _Lowering:
         op = st.op or "sum"
         backward = COLLECTIVE_KIND.get(st.backward, st.backward.replace("-", "_"))
         new_lay, problems = collective_layout(kind, st.op or "sum", axes, dim, dim2, lay,
-                                              self.sizes, st.kind)
+                                              self.sizes)
         for code, message in problems:
             self.findings.append(Finding(code, f"{st.kind} {point} over {', '.join(axes)}: "
                                          f"{message}", span, point))
@@ -525,7 +532,7 @@ def _opaque(shape: Any) -> TLayout:
 
 
 def collective_layout(kind: str, op: str, axes: tuple[str, ...], dim: int, dim2: int,
-                      lay: TLayout, sizes: Mapping[str, int], written: str
+                      lay: TLayout, sizes: Mapping[str, int]
                       ) -> tuple[TLayout, list[tuple[str, str]]]:
     """The layout after a collective and what is wrong with applying it to ``lay``."""
     problems: list[tuple[str, str]] = []
@@ -549,7 +556,7 @@ def collective_layout(kind: str, op: str, axes: tuple[str, ...], dim: int, dim2:
         left = tuple(a for a in (lay.partial[1] if lay.partial else ()) if a not in axes)
         partial = (lay.partial[0], left) if left and lay.partial else None
         if kind == "reduce_scatter":
-            dims[dim] = _append_axes(dims[dim], axes)
+            dims[dim] = append_axes(dims[dim], axes)
         return TLayout(tuple(dims), partial, lay.const, lay.cause), problems
     if kind == "all_gather":
         if lay.partial and partial_axes & set(axes):
@@ -563,21 +570,15 @@ def collective_layout(kind: str, op: str, axes: tuple[str, ...], dim: int, dim2:
         dims[dim2], problem = _remove_axes(dims[dim2], axes)
         if problem:
             problems.append(("collective-mismatch", problem.replace("gather", "all-to-all concat")))
-        dims[dim] = _append_axes(dims[dim], axes)
+        dims[dim] = append_axes(dims[dim], axes)
         return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems
     if kind == "scatter":
         if any(a in sharded for a in axes):
             problems.append(("collective-mismatch",
                              "scatter of a tensor already split over the axis"))
-        dims[dim] = _append_axes(dims[dim], axes)
+        dims[dim] = append_axes(dims[dim], axes)
         return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems
     return lay, problems  # identity (copy)
-
-
-def _append_axes(dim: tuple[Factor, ...], axes: tuple[str, ...]) -> tuple[Factor, ...]:
-    factors = list(normalize_dim(dim)) or [Factor(1)]
-    outer = factors[0]
-    return (Factor(outer.size, outer.axes + tuple(axes)),) + tuple(factors[1:])
 
 
 def _remove_axes(dim: tuple[Factor, ...], axes: tuple[str, ...]
@@ -642,13 +643,11 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> L
         ordered = _placeholders_first(graph)
         gm = torch.fx.GraphModule(captured.gm, ordered)
         stages.append(StageProgram(index, gm, lowering.inputs[index], lowering.outputs[index]))
-    boundaries = {old.name: (lowering.stage_of[old], tuple(sorted(dests)))
-                  for old, dests in lowering.sent.items()}
     lowering.grads.finish(binding.grad_statements, binding.data_axes(), plan.loss_scale,
                           plan.microbatches)
     findings = binding.warnings + lowering.findings + lowering.grads.findings
     routes = _explicit_sends(lowering, stages)
-    return Lowered(plan, binding, sizes, stages, boundaries, lowering.lineages, findings,
+    return Lowered(plan, binding, sizes, stages, lowering.lineages, findings,
                    routes)
 
 
@@ -658,10 +657,8 @@ def _explicit_sends(lowering: _Lowering, stages: list[StageProgram]
     ``j`` with ``T``'s shape; the stage that received ``T`` by implication reads a free
     value instead."""
     routes: dict[tuple[int, str], str | None] = {}
-    graph = lowering.cap.gm.graph
     for point, source, dest, span in lowering.binding.sends:
-        mark = next((n for n in graph.nodes if n.op == "call_function" and
-                     packet_name(n.target) == MARK and n.args[1] == point), None)
+        mark = lowering.marks.get(point)
         if mark is None:
             raise LoweringError(Finding("unbound-name", f"the spec model never passes through "
                                         f"`{point}`", span, point))

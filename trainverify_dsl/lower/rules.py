@@ -32,6 +32,8 @@ from trainverify_dsl.lower.layout import (
 
 class RuleCtx(Protocol):
     sizes: dict[str, int]
+    #: the plan span of the split behind the op being lowered (for partial sums it makes)
+    current_cause: Any
 
     def layout(self, value: Any) -> TLayout: ...
 
@@ -368,12 +370,8 @@ def _contract(ctx: RuleCtx, a: TLayout, b: TLayout, ka: int, kb: int, what: str)
 def _mm(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Result:
     a, b = ctx.layout(args[0]), ctx.layout(args[1])
     partial, cause = _contract(ctx, a, b, 1, 0, "matrix product")
-    result = TLayout((a.dims[0], b.dims[1])).with_partial(partial, cause or _cause(ctx, a, b))
+    result = TLayout((a.dims[0], b.dims[1])).with_partial(partial, cause or ctx.current_cause)
     return Result(result, args, kwargs)
-
-
-def _cause(ctx: RuleCtx, a: TLayout, b: TLayout) -> Any:
-    return getattr(ctx, "current_cause", None)
 
 
 @rule("aten.bmm")
@@ -384,7 +382,7 @@ def _bmm(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) 
                           f"dimension: {a.describe()} and {b.describe()}")
     partial, cause = _contract(ctx, a, b, 2, 1, "batched matrix product")
     result = TLayout((a.dims[0], a.dims[1], b.dims[2])).with_partial(
-        partial, cause or _cause(ctx, a, b))
+        partial, cause or ctx.current_cause)
     return Result(result, args, kwargs)
 
 
@@ -418,7 +416,7 @@ def _reduction(name: str) -> Rule:
             else:
                 return Result(result.with_partial(lay.partial, lay.cause), args, kwargs)
         if axes:
-            result = result.with_partial((kind, axes), getattr(ctx, "current_cause", None))
+            result = result.with_partial((kind, axes), ctx.current_cause)
         return Result(result, args, kwargs)
     return run
 
@@ -514,7 +512,7 @@ def _addmm(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     """``bias + a @ b``: the product's layout, with the bias broadcast onto it."""
     bias, a, b = (ctx.layout(x) for x in args[:3])
     partial, cause = _contract(ctx, a, b, 1, 0, "matrix product")
-    product = TLayout((a.dims[0], b.dims[1])).with_partial(partial, cause or _cause(ctx, a, b))
+    product = TLayout((a.dims[0], b.dims[1])).with_partial(partial, cause or ctx.current_cause)
     if bias.rank and not same_dim(bias.dims[-1], product.dims[1]):
         raise LayoutError(f"bias split as {bias.describe()} added to a product split as "
                           f"{product.describe()}")

@@ -32,7 +32,7 @@ from trainverify_dsl.ir.interp import evaluate_graph, evaluate_spmd
 from trainverify_dsl.ir.ops import OPS
 from trainverify_dsl.ir.types import TensorType
 from trainverify_dsl.lower.joint import input_name, stage_joint
-from trainverify_dsl.lower.layout import MICROBATCH_AXIS, Factor, TLayout, take_local
+from trainverify_dsl.lower.layout import MICROBATCH_AXIS, TLayout, append_axes, take_local
 from trainverify_dsl.lower.lowering import Lowered, lower
 from trainverify_dsl.lower.mesh import MeshGroups
 from trainverify_dsl.plan.model import Plan
@@ -155,9 +155,9 @@ def _vocab(model: torch.nn.Module) -> int | None:
 
 
 class _PlanRun:
-    def __init__(self, lowered: Lowered, graphs: list[Graph], values: Mapping[str, np.ndarray],
-                 opt: Any) -> None:
-        self.lw, self.graphs, self.values, self.opt = lowered, graphs, values, opt
+    def __init__(self, lowered: Lowered, graphs: list[Graph],
+                 values: Mapping[str, np.ndarray]) -> None:
+        self.lw, self.graphs, self.values = lowered, graphs, values
         self.mesh = MeshGroups(lowered.mesh_axes)
         self.sizes = lowered.sizes
         self.has_pp = "pp" in self.mesh.sizes
@@ -292,11 +292,8 @@ class _PlanRun:
                     for r, out in zip(members, outs, strict=True):
                         self.grads[r][param] = out
                 if kind == "reduce_scatter":
-                    lay = final[param]
-                    dims = list(lay.dims)
-                    d = st.dim or 0
-                    f = dims[d][0]
-                    dims[d] = (Factor(f.size, f.axes + axes),) + dims[d][1:]
+                    dims = list(final[param].dims)
+                    dims[st.dim or 0] = append_axes(dims[st.dim or 0], axes)
                     final[param] = TLayout(tuple(dims))
         return final
 
@@ -311,16 +308,14 @@ def accumulated_gradients(lowered: Lowered, values: Mapping[str, np.ndarray],
     every rank's accumulated parameter gradients (IR, numpy). The torch twin is
     ``simulate.eager``."""
     graphs = graphs or [stage_joint(lowered, st) for st in lowered.stages]
-    run = _PlanRun(lowered, graphs, values, None)
+    run = _PlanRun(lowered, graphs, values)
     run.run()
     return run.losses, run.grads
 
 
 def _zero_layout(lay: TLayout, axes: tuple[str, ...]) -> TLayout:
-    dims = list(lay.dims)
-    f = dims[0][0]
-    dims[0] = (Factor(f.size, f.axes + axes),) + dims[0][1:]
-    return TLayout(tuple(dims))
+    """Z(P): the parameter's layout with the ZeRO axes innermost on dimension 0 (Rule 6.1)."""
+    return TLayout((append_axes(lay.dims[0], axes),) + lay.dims[1:])
 
 
 def simulate_lowered(lowered: Lowered, spec: Any, model: torch.nn.Module, seed: int = 0,
@@ -331,7 +326,7 @@ def simulate_lowered(lowered: Lowered, spec: Any, model: torch.nn.Module, seed: 
     values = random_inputs(spec.program.inputs, model, rng)
     want = spec.evaluate(values)
     graphs = graphs or [stage_joint(lowered, st) for st in lowered.stages]
-    run = _PlanRun(lowered, graphs, values, opt)
+    run = _PlanRun(lowered, graphs, values)
     run.run()
     final = run.grad_statements()
     mismatches: list[Mismatch] = []

@@ -81,3 +81,14 @@ def test_clip_grad_norm_is_refused_not_ignored(tmp_path: Path,
     path.write_text(plan, encoding="utf-8")
     assert main(["simulate", str(path)]) == 2
     assert "not simulated yet" in capsys.readouterr().err
+
+
+def test_a_bad_model_reference_points_at_the_spec_line(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.tvp"
+    path.write_text('plan x\nspec "nope.py:X"\nmesh dp=2\n', encoding="utf-8")
+    assert main(["simulate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}:2:1: error:" in out and "[TVP301]" in out and "Traceback" not in out
+    assert main(["lint", "--spec", str(path)]) == 1
+    assert f"{path}:2:1: error:" in capsys.readouterr().out

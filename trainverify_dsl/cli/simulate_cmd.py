@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     import warnings
 
     from trainverify_dsl.cli.lint_cmd import render_diagnostics
-    from trainverify_dsl.lower.diagnose import to_diagnostic
+    from trainverify_dsl.lower.diagnose import at_spec_line, to_diagnostic
     from trainverify_dsl.lower.findings import LoweringError
     from trainverify_dsl.simulate import simulate_file
     from trainverify_dsl.simulate.setup import SimulationSetupError, resolve_plan
@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(render_diagnostics(list(error.diagnostics), [args.plan], args.format))
         return EXIT_DIFFERS
     except SpecError as error:
-        sys.stdout.write(render_diagnostics(list(error.diagnostics), [args.plan], args.format))
+        located = at_spec_line(list(error.diagnostics), args.plan)
+        sys.stdout.write(render_diagnostics(located, [args.plan], args.format))
         return EXIT_DIFFERS
     except LoweringError as error:
         plan = resolve_plan(args.plan)

@@ -22,6 +22,26 @@ def to_diagnostic(finding: Finding, fallback: Span) -> Diagnostic:
     return Diagnostic(code, finding.message, finding.span or fallback, notes, finding.help)
 
 
+def at_spec_line(diagnostics: list[Diagnostic], path: str | Path) -> list[Diagnostic]:
+    """Spec diagnostics located at a model reference (``nope.py:X``, no source line) are moved
+    to the plan's ``spec`` line, which is what the user edits; those at a line of the
+    model's own code stay there."""
+    from dataclasses import replace
+
+    from trainverify_dsl.simulate.setup import SimulationSetupError, resolve_plan
+
+    try:
+        plan = resolve_plan(path)
+    except SimulationSetupError:
+        return diagnostics
+    if plan.spec is None:
+        return diagnostics
+    return [d if Path(d.span.file).is_file() else
+            replace(d, span=plan.spec.origin.span,
+                    notes=d.notes + (f"the model reference is `{d.span.file}`",))
+            for d in diagnostics]
+
+
 def layout_diagnostics(path: str | Path) -> list[Diagnostic]:
     """Lower the plan at ``path`` (full size, fake tensors) and report its findings. The plan
     must lint clean first (syntax and plan checks); then every problem is a diagnostic."""
@@ -34,7 +54,7 @@ def layout_diagnostics(path: str | Path) -> list[Diagnostic]:
     except SimulationSetupError as error:
         return list(error.diagnostics)
     except SpecError as error:
-        return list(error.diagnostics)
+        return at_spec_line(list(error.diagnostics), path)
     plan = setup.plan
     fallback = plan.spec.origin.span if plan.spec else Span(str(path), 1, 1, 1, 1)
     try:
@@ -42,5 +62,5 @@ def layout_diagnostics(path: str | Path) -> list[Diagnostic]:
     except LoweringError as error:
         return [to_diagnostic(f, fallback) for f in error.findings]
     except SpecError as error:
-        return list(error.diagnostics)
+        return at_spec_line(list(error.diagnostics), path)
     return [to_diagnostic(f, fallback) for f in lowered.findings]

@@ -20,6 +20,7 @@ import pytest
 import torch
 from torch import nn
 
+from trainverify_dsl.ir.mesh import MeshGroups
 from trainverify_dsl.ir.ops import OPS
 from trainverify_dsl.lower.collectives import (
     DistCommunicator,
@@ -29,7 +30,6 @@ from trainverify_dsl.lower.collectives import (
     run_threads,
     use_communicator,
 )
-from trainverify_dsl.lower.mesh import MeshGroups
 
 F64 = torch.float64
 MESH = MeshGroups((("dp", 2), ("tp", 2)))

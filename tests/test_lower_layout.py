@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from trainverify_dsl.lower.layout import (
+from trainverify_dsl.ir.layout import (
     MICROBATCH_AXIS,
     Factor,
     LayoutError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainverify_dsl.lower.mesh import MeshGroups
+from trainverify_dsl.ir.mesh import MeshGroups
 
 MESH = MeshGroups((("pp", 2), ("dp", 2), ("tp", 2)))
 

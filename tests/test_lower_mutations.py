@@ -75,7 +75,11 @@ class Subject:
             lowered = lower(plan, self.setup.fake_model, self.setup.fake_inputs)
         except LoweringError as error:
             return False, {f.code for f in error.findings}
-        result = sim.simulate_lowered(lowered, self.spec, self.setup.real_model)
+        from trainverify_dsl.lower.program import parallel_program
+        from trainverify_dsl.simulate.api import simulate_lowered
+
+        result = simulate_lowered(lowered, parallel_program(lowered), self.spec,
+                                  sim.spec_optimizer(self.setup.plan), self.setup.real_model)
         return result.agrees, {f.code for f in lowered.findings}
 
 

@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 import torch
 
+from trainverify_dsl.ir.mesh import MeshGroups
 from trainverify_dsl.lower.collectives import parse_axes
-from trainverify_dsl.lower.mesh import MeshGroups
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANS = ["plans/mlp_tiny_dp.tvp", "plans/llama_tiny_tp.tvp", "plans/llama_tiny_sp.tvp",

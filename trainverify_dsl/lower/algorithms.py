@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from trainverify_dsl.ir.layout import MICROBATCH_AXIS, Factor, TLayout
 from trainverify_dsl.lower.capture import MARK, module_stack
 from trainverify_dsl.lower.findings import Finding, LoweringError
-from trainverify_dsl.lower.layout import MICROBATCH_AXIS, Factor, TLayout
 from trainverify_dsl.spec.convert import packet_name
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ from typing import Any
 
 from torch import nn
 
+from trainverify_dsl.ir.layout import MICROBATCH_AXIS, Factor, TLayout, ways
 from trainverify_dsl.lower.findings import Finding
-from trainverify_dsl.lower.layout import MICROBATCH_AXIS, Factor, TLayout, ways
 from trainverify_dsl.plan.model import (
     Algorithm,
     Collective,

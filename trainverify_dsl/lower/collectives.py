@@ -47,7 +47,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import Tensor
 
-from trainverify_dsl.lower.mesh import MeshGroups
+from trainverify_dsl.ir.mesh import MeshGroups
 
 KINDS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                           "scatter", "identity")

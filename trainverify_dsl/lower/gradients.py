@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout
 from trainverify_dsl.lower.findings import Finding
-from trainverify_dsl.lower.layout import MICROBATCH_AXIS, TLayout
 from trainverify_dsl.report.span import Span
 
 #: axis -> (the plan span that made the cotangent partial over it, the module where it did)

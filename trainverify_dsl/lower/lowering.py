@@ -31,12 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainverify_dsl.lower import algorithms, collectives  # noqa: F401 - registers tvp.collective
-from trainverify_dsl.lower.bind import Binding, bind_plan
-from trainverify_dsl.lower.capture import MARK, Captured, capture_forward, module_stack
-from trainverify_dsl.lower.findings import Finding, LoweringError
-from trainverify_dsl.lower.gradients import GradientTracker
-from trainverify_dsl.lower.layout import (
+from trainverify_dsl.ir.layout import (
     MICROBATCH_AXIS,
     Factor,
     LayoutError,
@@ -44,6 +39,11 @@ from trainverify_dsl.lower.layout import (
     append_axes,
     normalize_dim,
 )
+from trainverify_dsl.lower import algorithms, collectives  # noqa: F401 - registers tvp.collective
+from trainverify_dsl.lower.bind import Binding, bind_plan
+from trainverify_dsl.lower.capture import MARK, Captured, capture_forward, module_stack
+from trainverify_dsl.lower.findings import Finding, LoweringError
+from trainverify_dsl.lower.gradients import GradientTracker
 from trainverify_dsl.lower.rules import RULES, Result
 from trainverify_dsl.plan.model import Collective, Plan
 from trainverify_dsl.spec.convert import packet_name

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from trainverify_dsl.lower.layout import (
+from trainverify_dsl.ir.layout import (
     Dim,
     Factor,
     LayoutError,

@@ -1,14 +1,54 @@
-"""Simulate a plan file end to end: resolve, build the spec at (possibly shrunk) sizes, lower,
-run both sides and compare."""
+"""Simulate a plan file end to end: resolve, build the spec at (possibly shrunk) sizes, lower
+to the plan's ``ParallelProgram``, trace the reference step, evaluate both and compare."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+
+from trainverify_dsl.ir.parallel import ParallelProgram, parallel_problems
 from trainverify_dsl.lower.diagnose import to_diagnostic
-from trainverify_dsl.lower.lowering import lower
-from trainverify_dsl.simulate.run import SimulationResult, simulate_lowered, spec_optimizer
+from trainverify_dsl.lower.lowering import Lowered, lower
+from trainverify_dsl.lower.program import parallel_program
+from trainverify_dsl.simulate.run import (
+    SimulationResult,
+    compare_programs,
+    plan_states,
+    random_inputs,
+    reference_optimizer,
+    spec_values_at,
+)
 from trainverify_dsl.simulate.setup import SimulationSetup, SimulationSetupError, prepare
+
+
+def _reference_opt(setup: SimulationSetup) -> Any:
+    from trainverify_dsl.report import codes_spec
+    from trainverify_dsl.report.diagnostics import Diagnostic
+
+    assert setup.plan.spec is not None
+    try:
+        return reference_optimizer(dict(setup.plan.spec.settings))
+    except ValueError as error:
+        span = setup.plan.spec.origin.span
+        raise SimulationSetupError([Diagnostic(codes_spec.SPEC_RECIPE,
+                                               f"spec optimizer: {error}", span)]) from None
+
+
+def simulate_lowered(lowered: Lowered, program: ParallelProgram, reference: Any,
+                     reference_opt: Any, model: Any, seed: int = 0) -> SimulationResult:
+    """Both programs on the same random values (``seed``), then the named checks."""
+    problems = parallel_problems(program)
+    if problems:
+        raise AssertionError("invalid parallel program: " + "; ".join(problems[:5]))
+    rng = np.random.default_rng(seed)
+    values = random_inputs(reference.program.inputs, model, rng)
+    plan_states(program, values, rng)
+    points = [lin.point for lin in program.lineages if lin.point != "loss"]
+    want_points = spec_values_at(model, values, list(lowered.binding.data), points) \
+        if points else {}
+    return compare_programs(program, reference, values, reference_opt, want_points)
 
 
 def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool = True) -> SimulationResult:
@@ -20,10 +60,11 @@ def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool = True) -> Si
                                        "nothing about it)")
     from trainverify_dsl.spec.trace import trace_training_step
 
-    spec = trace_training_step(setup.fake_model, setup.input_specs,
-                               spec_optimizer(setup.plan), reuse=False)
+    reference_opt = _reference_opt(setup)
+    spec = trace_training_step(setup.fake_model, setup.input_specs, reference_opt, reuse=False)
     lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
-    result = simulate_lowered(lowered, spec, setup.real_model, seed)
+    program = parallel_program(lowered)
+    result = simulate_lowered(lowered, program, spec, reference_opt, setup.real_model, seed)
     result.sizes = dict(setup.overrides)
     fallback = setup.plan.spec.origin.span if setup.plan.spec else None
     result.findings = [to_diagnostic(f, fallback) for f in lowered.findings]

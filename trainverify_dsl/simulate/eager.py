@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainverify_dsl.ir.layout import MICROBATCH_AXIS, take_local
+from trainverify_dsl.ir.mesh import MeshGroups
 from trainverify_dsl.lower.collectives import ThreadWorld, run_threads, use_communicator
-from trainverify_dsl.lower.layout import MICROBATCH_AXIS, take_local
 from trainverify_dsl.lower.lowering import Lowered
-from trainverify_dsl.lower.mesh import MeshGroups
 
 
 def rank_step(lowered: Lowered, values: Mapping[str, np.ndarray], rank: int

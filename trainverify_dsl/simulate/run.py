@@ -1,41 +1,33 @@
-"""Numeric simulation: run the lowered plan on every rank and compare with the spec.
+"""Numeric simulation: the plan's parallel program and the reference step on the same values.
 
-``simulate(plan_path)`` builds the spec model (at the plan's sizes, or shrunk by
-``simulate.shrink``), draws random parameters, optimizer states and inputs, and runs
+Two IR programs are evaluated on the same random parameters, optimizer states and inputs:
 
-- the **spec**: the traced single-device training step (IR, numpy, float64) with the
-  optimizer step appended;
-- the **plan**: every stage's joint IR graph on every rank of the stage (``evaluate_spmd``:
-  collectives combine the ranks of their groups), microbatch by microbatch — a forward sweep
-  over the stages (sends), then a backward sweep in reverse (cotangents of sends come back as
-  gradients of receives) — seeded with the plan's loss scale; then gradient accumulation, the
-  plan's gradient statements, and the optimizer step on local pieces (ZeRO-1: on the rank's
-  block, then all-gathered).
+- the **reference**: the spec's traced single-device training step with the spec's own
+  optimizer (``SpecProgram``, ``ir.program.evaluate_program``);
+- the **plan**: its ``ParallelProgram`` (``ir.execute.evaluate_parallel``).
 
-It compares the logical loss (docs/semantics.md §4.6), every parameter's final gradient on
-every rank holding it (every copy, §2.2), and every updated parameter, and reports
-``max_rel_error`` and the first tensor that differs with the plan line responsible.
+Then an ordered list of named checks runs (``CHECKS``): the copies of the loss, the logical
+loss (docs/semantics.md §4.6), gradient coverage, every gradient copy in its final layout, the
+plan's layout claims (§2.4), the optimizer's hyper-parameters against the spec's, every updated
+parameter and optimizer state, and the derived lineages at marked points. The reference values
+at marked points come from running the spec model eagerly in torch (``spec_values_at``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from trainverify_dsl.ir.graph import Graph
-from trainverify_dsl.ir.interp import evaluate_graph, evaluate_spmd
+from trainverify_dsl.ir.execute import ParallelOutcome, evaluate_parallel
+from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout, take_local
+from trainverify_dsl.ir.mesh import MeshGroups
 from trainverify_dsl.ir.ops import OPS
-from trainverify_dsl.ir.types import TensorType
-from trainverify_dsl.lower.joint import input_name, stage_joint
-from trainverify_dsl.lower.layout import MICROBATCH_AXIS, TLayout, append_axes, take_local
-from trainverify_dsl.lower.lowering import Lowered, lower
-from trainverify_dsl.lower.mesh import MeshGroups
-from trainverify_dsl.plan.model import Plan
+from trainverify_dsl.ir.parallel import ParallelProgram
 from trainverify_dsl.report.span import Span
 from trainverify_dsl.spec import optim
 
@@ -50,6 +42,8 @@ class Mismatch:
     rel_error: float
     span: Span | None
     detail: str = ""
+    #: the named check that found it (``CHECKS``)
+    check: str = ""
 
 
 @dataclass
@@ -101,25 +95,34 @@ def rel_error(got: np.ndarray, want: np.ndarray, floor: float = 1e-12) -> float:
 # -- random values --------------------------------------------------------------------------
 
 
-def spec_optimizer(plan: Plan) -> Any:
-    opt = plan.optimizer
-    if opt is None:
+def reference_optimizer(settings: Mapping[str, Any]) -> optim.Optimizer | None:
+    """The spec's own optimizer, from the recipe keys of the ``spec`` line
+    (``optimizer adamw lr 3e-4 ...``; ``spec.optim.RECIPE_KEYS``), or ``None``. Raises
+    ``ValueError`` for a malformed recipe."""
+    kind = settings.get("optimizer")
+    hyper = {k: v for k, v in settings.items() if k in optim.RECIPE_KEYS and k != "optimizer"}
+    if kind is None:
+        if hyper:
+            raise ValueError(f"the spec line sets {', '.join(sorted(hyper))} but names no "
+                             "`optimizer`")
         return None
+    return optim.optimizer_config(str(kind), hyper)
 
-    def f(name: str, default: float) -> float:
-        value = opt.get(name)
-        return float(value) if value is not None else default
 
-    if opt.kind == "sgd":
-        return optim.SGD(lr=f("lr", 0.0), momentum=f("momentum", 0.0),
-                         weight_decay=f("weight-decay", 0.0))
-    betas = opt.get("betas")
-    pair = (float(betas[0]), float(betas[1])) if betas else (0.9, 0.999)
-    if opt.kind == "adam":
-        return optim.Adam(lr=f("lr", 1e-3), betas=pair, eps=f("eps", 1e-8),
-                          weight_decay=f("weight-decay", 0.0))
-    return optim.AdamW(lr=f("lr", 1e-3), betas=pair, eps=f("eps", 1e-8),
-                       weight_decay=f("weight-decay", 0.01))
+def spec_optimizer(plan: Any) -> optim.Optimizer | None:
+    """The reference optimizer of a plan's ``spec`` line (``reference_optimizer``)."""
+    return reference_optimizer(dict(plan.spec.settings)) if plan.spec is not None else None
+
+
+def accumulated_gradients(lowered: Any, values: Mapping[str, np.ndarray]
+                          ) -> tuple[dict[tuple[int, int], float], dict[int, dict[str, Any]]]:
+    """The plan side before gradient statements: local losses by ``(rank, microbatch)`` and
+    every rank's accumulated parameter gradients (IR, numpy). The torch twin is
+    ``simulate.eager``."""
+    from trainverify_dsl.lower.program import parallel_program
+
+    out = evaluate_parallel(parallel_program(lowered), values, step=False)
+    return out.losses, out.grads
 
 
 def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Generator
@@ -151,221 +154,6 @@ def _vocab(model: torch.nn.Module) -> int | None:
     return None
 
 
-# -- the plan side ----------------------------------------------------------------------------
-
-
-class _PlanRun:
-    def __init__(self, lowered: Lowered, graphs: list[Graph],
-                 values: Mapping[str, np.ndarray]) -> None:
-        self.lw, self.graphs, self.values = lowered, graphs, values
-        self.mesh = MeshGroups(lowered.mesh_axes)
-        self.sizes = lowered.sizes
-        self.has_pp = "pp" in self.mesh.sizes
-        self.stage_ranks = [self._ranks_of(s) for s in range(len(graphs))]
-        self.scale = float(lowered.plan.loss_scale)
-        self.layouts = {s.spec: s.layout for st in lowered.stages for s in st.inputs}
-        self.losses: dict[tuple[int, int], float] = {}
-        #: (marked point, rank, microbatch) -> the local value there
-        self.observed: dict[tuple[str, int, int], np.ndarray] = {}
-        self.free = np.random.default_rng(12345)
-        self.free_values: dict[tuple[int, str, int, int], np.ndarray] = {}
-        self.grads: dict[int, dict[str, np.ndarray]] = {}
-
-    def _ranks_of(self, stage: int) -> list[int]:
-        ranks = range(self.mesh.world_size)
-        if not self.has_pp:
-            return list(ranks)
-        return [r for r in ranks if self.mesh.coords(r)["pp"] == stage]
-
-    def coords(self, rank: int, m: int) -> dict[str, int]:
-        coords = self.mesh.coords(rank)
-        coords[MICROBATCH_AXIS] = m
-        return coords
-
-    def _groups(self, ranks: list[int]) -> Any:
-        position = {r: i for i, r in enumerate(ranks)}
-
-        def groups(axis: str) -> list[list[int]]:
-            axes = tuple(axis.split(","))
-            out = []
-            for group in self.mesh.groups(axes):
-                if group[0] in position:
-                    out.append([position[r] for r in group])
-            return out
-        return groups
-
-    def _inputs(self, stage: int, rank: int, m: int, recv: Mapping[tuple[str, int], Any],
-                cotangents: Mapping[tuple[str, int], Any] | None) -> dict[str, Any]:
-        coords = self.coords(rank, m)
-        feed: dict[str, Any] = {}
-        for slot in self.lw.stages[stage].inputs:
-            name = input_name(slot)
-            if slot.kind in ("param", "data", "buffer"):
-                feed[name] = take_local(self.values[slot.spec], slot.layout, coords, self.sizes)
-            elif slot.kind == "coord":
-                feed[name] = np.array(coords[slot.spec], dtype=np.int64)
-            else:
-                source = self.lw.routes.get((stage, slot.spec), slot.spec)
-                if source is None:  # a free value (Rule 5.2): whatever the buffer held,
-                    # the same in the forward and the backward sweep
-                    key = (stage, slot.spec, rank, m)
-                    if key not in self.free_values:
-                        shape = slot.layout.local_shape(self.sizes)
-                        self.free_values[key] = self.free.normal(0.0, 1.0, size=shape)
-                    feed[name] = self.free_values[key]
-                else:
-                    feed[name] = recv[(source, self._peer(rank))]
-        graph = self.graphs[stage]
-        for g in graph.inputs:
-            if g.name == "seed":
-                feed[g.name] = np.full(g.type.shape, self.scale)
-            elif g.name.startswith("cotangent."):
-                key = (g.name.removeprefix("cotangent."), self._peer(rank))
-                value = (cotangents or {}).get(key)
-                feed[g.name] = np.zeros(g.type.shape) if value is None else value
-        return feed
-
-    def _peer(self, rank: int) -> int:
-        """Boundary values are keyed by the rank's coordinates off the pipeline axis."""
-        if not self.has_pp:
-            return rank
-        coords = self.mesh.coords(rank)
-        coords["pp"] = 0
-        return self.mesh.rank_of(coords)
-
-    def run(self) -> None:
-        for m in range(self.sizes[MICROBATCH_AXIS]):
-            sends: dict[tuple[str, int], Any] = {}
-            for s in range(len(self.graphs)):
-                self._stage(s, m, sends, None, forward=True)
-            cotangents: dict[tuple[str, int], Any] = {}
-            for s in reversed(range(len(self.graphs))):
-                self._stage(s, m, sends, cotangents, forward=False)
-
-    def _stage(self, s: int, m: int, sends: dict, cotangents: dict | None,
-               forward: bool) -> None:
-        ranks = self.stage_ranks[s]
-        feeds = [self._inputs(s, r, m, sends, cotangents) for r in ranks]
-        outs = evaluate_spmd(self.graphs[s], feeds, self._groups(ranks))
-        for r, out in zip(ranks, outs, strict=True):
-            for name, value in out.items():
-                if forward and name.startswith("send."):
-                    sends[(name.removeprefix("send."), self._peer(r))] = value
-                elif forward and name.startswith("lineage."):
-                    self.observed[(name.removeprefix("lineage."), r, m)] = value
-                elif not forward and name.startswith("grad(recv."):
-                    spec = name[len("grad(recv."):-1]
-                    source = self.lw.routes.get((s, spec), spec)
-                    if source is not None:
-                        key = (source, self._peer(r))
-                        cotangents[key] = cotangents.get(key, 0) + value
-                elif not forward and name.startswith("grad("):
-                    acc = self.grads.setdefault(r, {})
-                    param = name[5:-1]
-                    acc[param] = acc.get(param, 0) + value
-                elif not forward and name == "loss":
-                    self.losses[(r, m)] = float(value)
-
-    # -- after the backward ---------------------------------------------------------------
-
-    def grad_statements(self) -> dict[str, TLayout]:
-        """Apply the plan's gradient statements; returns the final layout of each gradient."""
-        final = {p: self.layouts[p] for acc in self.grads.values() for p in acc}
-        for st, names in self.lw.binding.grad_statements:
-            kind = {"all-reduce": "all_reduce", "reduce-scatter": "reduce_scatter"}.get(st.kind)
-            if kind is None:
-                continue
-            axes = tuple(st.axes)
-            n = math.prod(self.sizes[a] for a in axes)
-            for param in names:
-                holders = [r for r, acc in self.grads.items() if param in acc]
-                if not holders:
-                    continue
-                attrs = {"axis": ",".join(axes), "group_size": n, "op": st.op or "sum"}
-                if kind == "reduce_scatter":
-                    attrs["dim"] = st.dim or 0
-                for group in self.mesh.groups(axes):
-                    members = [r for r in group if r in self.grads and param in self.grads[r]]
-                    if len(members) != len(group):
-                        continue
-                    outs = OPS[kind].evaluate([(self.grads[r][param],) for r in members], attrs)
-                    for r, out in zip(members, outs, strict=True):
-                        self.grads[r][param] = out
-                if kind == "reduce_scatter":
-                    dims = list(final[param].dims)
-                    dims[st.dim or 0] = append_axes(dims[st.dim or 0], axes)
-                    final[param] = TLayout(tuple(dims))
-        return final
-
-
-Losses = dict[tuple[int, int], float]
-Grads = dict[int, dict[str, np.ndarray]]
-
-
-def accumulated_gradients(lowered: Lowered, values: Mapping[str, np.ndarray],
-                          graphs: list[Graph] | None = None) -> tuple[Losses, Grads]:
-    """The plan side before gradient statements: local losses by ``(rank, microbatch)`` and
-    every rank's accumulated parameter gradients (IR, numpy). The torch twin is
-    ``simulate.eager``."""
-    graphs = graphs or [stage_joint(lowered, st) for st in lowered.stages]
-    run = _PlanRun(lowered, graphs, values)
-    run.run()
-    return run.losses, run.grads
-
-
-def _zero_layout(lay: TLayout, axes: tuple[str, ...]) -> TLayout:
-    """Z(P): the parameter's layout with the ZeRO axes innermost on dimension 0 (Rule 6.1)."""
-    return TLayout((append_axes(lay.dims[0], axes),) + lay.dims[1:])
-
-
-def simulate_lowered(lowered: Lowered, spec: Any, model: torch.nn.Module, seed: int = 0,
-                     graphs: list[Graph] | None = None) -> SimulationResult:
-    """Run ``lowered`` and the ``spec`` program on the same random values and compare."""
-    rng = np.random.default_rng(seed)
-    opt = spec_optimizer(lowered.plan)
-    values = random_inputs(spec.program.inputs, model, rng)
-    want = spec.evaluate(values)
-    graphs = graphs or [stage_joint(lowered, st) for st in lowered.stages]
-    run = _PlanRun(lowered, graphs, values)
-    run.run()
-    final = run.grad_statements()
-    mismatches: list[Mismatch] = []
-    compared = 0
-    worst = 0.0
-
-    magnitude = max((float(np.max(np.abs(v))) for k, v in want.items()
-                     if np.size(v) and np.all(np.isfinite(v))), default=1.0)
-
-    def check(tensor: str, rank: int, got: Any, expected: Any, span: Span | None) -> None:
-        nonlocal compared, worst
-        compared += 1
-        err = rel_error(got, expected, FLOOR * magnitude)
-        worst = max(worst, err)
-        if not err < TOLERANCE:
-            mismatches.append(Mismatch(tensor, rank, err, span))
-
-    _check_loss(run, lowered, want["loss"], check)
-    binding = lowered.binding
-    for param, _ in model.named_parameters():
-        span = _grad_span(binding, param)
-        for rank, acc in sorted(run.grads.items()):
-            if param not in acc:
-                continue
-            expected = take_local(want[f"grad({param})"], final[param], run.coords(rank, 0),
-                                  run.sizes)
-            check(f"grad({param})", rank, acc[param], expected, span)
-    if opt is not None:
-        _check_update(run, lowered, opt, final, values, want, check)
-    holders = {p for acc in run.grads.values() for p in acc}
-    for param, _ in model.named_parameters():
-        if param not in holders:
-            mismatches.append(Mismatch(f"grad({param})", -1, math.inf, None,
-                                       "no rank computes this gradient"))
-    result = SimulationResult(lowered.plan.name or "", run.mesh.world_size, worst, compared,
-                              mismatches)
-    result.lineage_mismatches = _check_lineages(run, lowered, model, values,
-                                                FLOOR * magnitude)
-    return result
 
 
 def spec_values_at(model: torch.nn.Module, values: Mapping[str, np.ndarray],
@@ -405,132 +193,274 @@ def spec_values_at(model: torch.nn.Module, values: Mapping[str, np.ndarray],
     return seen
 
 
-def _check_lineages(run: _PlanRun, lowered: Lowered, model: torch.nn.Module,
-                    values: Mapping[str, np.ndarray], floor: float) -> list[Mismatch]:
-    by_point: dict[str, list[tuple[int, int, np.ndarray]]] = {}
-    for (point, rank, m), piece in run.observed.items():
-        by_point.setdefault(point, []).append((rank, m, piece))
-    points = list(by_point)
-    if not points:
-        return []
-    data = list(lowered.binding.data)  # model inputs, in forward-argument order
-    want = spec_values_at(model, values, data, points)
-    found: list[Mismatch] = []
-    for point in points:
-        lay = lowered.lineages[point]
-        if point not in want:
+# -- the checks ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pair:
+    """The reference step and the plan's program, evaluated on the same values."""
+
+    program: ParallelProgram
+    want: dict[str, np.ndarray]
+    got: ParallelOutcome
+    values: Mapping[str, np.ndarray]
+    reference_opt: optim.Optimizer | None
+    #: the spec's values at marked points (eager torch), for lineages and point claims
+    points: Mapping[str, np.ndarray]
+    mesh: MeshGroups = field(init=False)
+    floor: float = field(init=False)
+    compared: int = 0
+    worst: float = 0.0
+    mismatches: list[Mismatch] = field(default_factory=list)
+    lineage_mismatches: list[Mismatch] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.mesh = MeshGroups(self.program.mesh)
+        magnitude = max((float(np.max(np.abs(v))) for v in self.want.values()
+                         if np.size(v) and np.all(np.isfinite(v))), default=1.0)
+        self.floor = FLOOR * magnitude
+
+    def coords(self, rank: int, m: int = 0) -> dict[str, int]:
+        coords = self.mesh.coords(rank)
+        coords[MICROBATCH_AXIS] = m
+        return coords
+
+    def compare(self, check: str, tensor: str, rank: int, got: Any, want: Any,
+                span: Span | None, detail: str = "") -> bool:
+        self.compared += 1
+        err = rel_error(got, want, self.floor)
+        self.worst = max(self.worst, err)
+        if err < TOLERANCE:
+            return True
+        self.mismatches.append(Mismatch(tensor, rank, err, span, detail, check))
+        return False
+
+    def fail(self, check: str, tensor: str, span: Span | None, detail: str) -> None:
+        self.mismatches.append(Mismatch(tensor, -1, math.inf, span, detail, check))
+
+    def reconstruct(self, pieces: Mapping[tuple[int, int], np.ndarray], layout: TLayout,
+                    rank: int, m: int) -> np.ndarray | None:
+        """The rank's value under ``layout``: its piece, combined over its partial group."""
+        if not layout.partial:
+            return pieces.get((rank, m))
+        op, axes = layout.partial
+        axes = tuple(a for a in axes if a in self.mesh.sizes)
+        group = self.mesh.group(rank, axes) if axes else [rank]
+        members = [pieces.get((r, m)) for r in group]
+        if any(x is None for x in members) or op not in ("sum", "avg", "max", "min"):
+            return None
+        return OPS["all_reduce"].evaluate([(x,) for x in members],
+                                          {"axis": ",".join(axes), "op": op,
+                                           "group_size": len(group)})[0]
+
+
+def _check_loss_copies(pair: _Pair) -> None:
+    data_axes = pair.program.loss.data_axes
+    span = pair.program.loss.origin.span
+    first: dict[tuple, float] = {}
+    for (rank, m), value in sorted(pair.got.losses.items()):
+        coords = pair.mesh.coords(rank)
+        key = tuple(coords[a] for a in data_axes) + (m,)
+        if key in first:
+            pair.compare("loss copies", "loss (copy)", rank, np.array(value),
+                         np.array(first[key]), span)
+        else:
+            first[key] = value
+
+
+def _check_loss(pair: _Pair) -> None:
+    data_axes = pair.program.loss.data_axes
+    blocks: dict[tuple, float] = {}
+    for (rank, m), value in sorted(pair.got.losses.items()):
+        coords = pair.mesh.coords(rank)
+        blocks.setdefault(tuple(coords[a] for a in data_axes) + (m,), value)
+    plan_loss = float(np.mean(list(blocks.values()))) if blocks else math.nan
+    pair.compare("loss", "loss", -1, np.array(plan_loss), pair.want["loss"],
+                 pair.program.loss.origin.span)
+
+
+def _grad_spans(program: ParallelProgram) -> dict[str, Span | None]:
+    spans: dict[str, Span | None] = {}
+    for sync in program.grad_syncs:
+        for param in sync.params:
+            spans[param] = sync.origin.span
+    return spans
+
+
+def _check_coverage(pair: _Pair) -> None:
+    holders = {p for acc in pair.got.grads.values() for p in acc}
+    for name in pair.want:
+        if name.startswith("grad(") and name[5:-1] not in holders:
+            pair.fail("gradient coverage", name, None, "no rank computes this gradient")
+
+
+def _check_gradients(pair: _Pair) -> None:
+    final = pair.program.final_grad_layouts()
+    claimed = {c.target for c in pair.program.claims}
+    spans = _grad_spans(pair.program)
+    for rank, acc in sorted(pair.got.grads.items()):
+        for param, value in acc.items():
+            if f"grad({param})" in claimed:
+                continue  # a claim on grad(P) replaces the default claim (§2.4)
+            want = take_local(pair.want[f"grad({param})"], final[param], pair.coords(rank),
+                              pair.program.sizes)
+            pair.compare("gradients", f"grad({param})", rank, value, want, spans.get(param))
+
+
+def _check_claims(pair: _Pair) -> None:
+    sizes = pair.program.sizes
+    for claim in pair.program.claims:
+        span = claim.origin.span
+        if claim.target.startswith("grad("):
+            pieces = {(r, 0): acc[claim.target[5:-1]] for r, acc in pair.got.grads.items()
+                      if claim.target[5:-1] in acc}
+            want_global, micro = pair.want.get(claim.target), (0,)
+        elif claim.target == "loss":
+            pieces = _mean_losses(pair)
+            want_global, micro = pair.want["loss"], (0,)
+        else:
+            pieces = {(r, m): v for (p, r, m), v in pair.got.observed.items()
+                      if p == claim.target}
+            want_global = pair.points.get(claim.target)
+            micro = tuple(range(pair.program.microbatches))
+        if want_global is None:
+            pair.fail("claims", claim.target, span, "the claim's value is not observable")
             continue
-        statements = lowered.binding.collectives_at(point)
-        span = statements[-1].origin.span if statements else None
-        for rank, m, piece in sorted(by_point[point], key=lambda item: item[:2]):
-            coords = run.coords(rank, m)
-            got = piece
-            if lay.partial and MICROBATCH_AXIS in lay.partial[1]:
-                continue  # a mean over microbatches is no local piece to compare
-            if lay.partial:
-                op, axes = lay.partial
-                group = run.mesh.group(rank, tuple(a for a in axes if a in run.mesh.sizes))
-                pieces = [run.observed.get((point, r, m)) for r in group]
-                if any(x is None for x in pieces):
-                    continue
-                got = OPS["all_reduce"].evaluate([(x,) for x in pieces],
-                                                 {"axis": ",".join(axes), "op": op,
-                                                  "group_size": len(group)})[0]
-            expected = take_local(want[point], lay, coords, run.sizes)
-            err = rel_error(got, expected, floor)
-            if not err < TOLERANCE:
-                found.append(Mismatch(point, rank, err, span,
-                                      f"local piece vs lineage {lay.describe()}, microbatch {m}"))
-                break
-    return found
+        _check_claim_pieces(pair, claim, pieces, want_global, micro, sizes)
 
 
-def _grad_span(binding: Any, param: str) -> Span | None:
-    spans = [st.origin.span for st, names in binding.grad_statements if param in names]
-    return spans[-1] if spans else binding.param_span(param)
+def _mean_losses(pair: _Pair) -> dict[tuple[int, int], np.ndarray]:
+    """Each rank's loss averaged over its microbatches (microbatches are always averaged)."""
+    by_rank: dict[int, list[float]] = {}
+    for (rank, _), value in pair.got.losses.items():
+        by_rank.setdefault(rank, []).append(value)
+    return {(r, 0): np.array(np.mean(v)) for r, v in by_rank.items()}
 
 
-def _check_loss(run: _PlanRun, lowered: Lowered, want: Any, check: Any) -> None:
-    data_axes = lowered.binding.data_axes()
-    blocks: dict[tuple, list[float]] = {}
-    copies: dict[tuple, list[tuple[int, float]]] = {}
-    for (rank, m), value in sorted(run.losses.items()):
-        coords = run.mesh.coords(rank)
-        key = tuple(coords[a] for a in sorted(data_axes)) + (m,)
-        copies.setdefault(key, []).append((rank, value))
-    span = lowered.binding.loss_span()
-    for key, items in copies.items():
-        first = items[0][1]
-        for rank, value in items[1:]:
-            check("loss (copy)", rank, np.array(value), np.array(first), span)
-        blocks[key] = [first]
-    if not blocks:
-        check("loss", -1, np.array(math.nan), np.asarray(want), span)
+def _check_claim_pieces(pair: _Pair, claim: Any, pieces: Mapping, want_global: np.ndarray,
+                        micro: tuple[int, ...], sizes: Mapping[str, int]) -> None:
+    for rank, m in sorted({(r, m) for r, m in pieces if m in micro}):
+        got = pair.reconstruct(pieces, claim.layout, rank, m)
+        want = take_local(np.asarray(want_global), claim.layout, pair.coords(rank, m), sizes)
+        if got is None:
+            pair.fail("claims", claim.target, claim.origin.span,
+                      f"claimed {claim.layout.describe()}: a partial group is incomplete")
+            return
+        if not pair.compare("claims", claim.target, rank, got, want, claim.origin.span,
+                            f"claimed {claim.layout.describe()}"):
+            return
+
+
+def _check_recipe(pair: _Pair) -> None:
+    opt = pair.program.optimizer
+    ref = pair.reference_opt
+    if opt is None and ref is None:
         return
-    plan_loss = float(np.mean([v[0] for v in blocks.values()]))
-    check("loss", -1, np.array(plan_loss), np.asarray(want), span)
+    if opt is None:
+        pair.fail("optimizer recipe", "optimizer", None, "the spec's step updates the "
+                  "parameters, but the plan has no `optimizer` statement")
+        return
+    span = opt.origin.span
+    if ref is None:
+        pair.fail("optimizer recipe", "optimizer", span, "the spec line states no optimizer, "
+                  "so the plan's update cannot be checked: add the reference recipe to the "
+                  "`spec` line (`optimizer adamw lr 3e-4 ...`)")
+        return
+    mine = optim.optimizer_config(opt.kind, dict(opt.hyper))
+    if mine != ref:
+        pair.fail("optimizer recipe", "optimizer", span,
+                  f"the plan's optimizer {_describe_opt(mine)} differs from the spec's "
+                  f"{_describe_opt(ref)}")
 
 
-def _check_update(run: _PlanRun, lowered: Lowered, opt: Any, final: dict[str, TLayout],
-                  values: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray],
-                  check: Any) -> None:
-    shard = lowered.plan.optimizer.shard_axes if lowered.plan.optimizer else ()
-    span = lowered.plan.optimizer.origin.span if lowered.plan.optimizer else None
-    for param in sorted({p for acc in run.grads.values() for p in acc}):
-        lay = run.layouts[param]
-        block = _zero_layout(lay, tuple(shard)) if shard else lay
-        new_pieces: dict[int, np.ndarray] = {}
-        for rank, acc in sorted(run.grads.items()):
-            if param not in acc:
+def _describe_opt(opt: optim.Optimizer) -> str:
+    import dataclasses
+
+    fields = [f"{f.name}={getattr(opt, f.name)}" for f in dataclasses.fields(opt)
+              if f.name != "step"]
+    return f"{type(opt).__name__}({', '.join(fields)})"
+
+
+def _check_updates(pair: _Pair) -> None:
+    opt = pair.program.optimizer
+    if opt is None or pair.reference_opt is None:
+        return
+    span, sizes = opt.origin.span, pair.program.sizes
+    for u in opt.updates:
+        outputs = [(f"new({u.param})", u.layout)]
+        outputs += [(f"new({s}({u.param}))", u.block) for s in u.states]
+        for name, layout in outputs:
+            if name not in pair.want:
+                pair.fail("updates", name, span, "the spec's optimizer has no such state")
                 continue
-            coords = run.coords(rank, 0)
-            grad = acc[param]
-            if shard and final[param] == lay:  # all-reduced: take this rank's ZeRO block
-                grad = _block(grad, lay, block, coords, run.sizes)
-            local_p = take_local(values[param], block, coords, run.sizes)
-            states = [take_local(values[f"{s}({param})"], block, coords, run.sizes)
-                      for s in opt.states]
-            graph = optim.update_graph(opt, TensorType(local_p.shape, "f64"))
-            feed = dict(zip([g.name for g in graph.inputs], [local_p, grad, *states],
-                            strict=True))
-            out = evaluate_graph(graph, feed)
-            for s in opt.states:
-                expected = take_local(want[f"new({s}({param}))"], block, coords, run.sizes)
-                check(f"new({s}({param}))", rank, out[f"new({s})"], expected, span)
-            new_pieces[rank] = out["new(param)"]
-        if shard:
-            new_pieces = _all_gather_blocks(run, new_pieces, tuple(shard))
-        for rank, piece in new_pieces.items():
-            expected = take_local(want[f"new({param})"], lay, run.coords(rank, 0), run.sizes)
-            check(f"new({param})", rank, piece, expected, span)
+            for rank, mine in sorted(pair.got.updates.items()):
+                if name in mine:
+                    want = take_local(pair.want[name], layout, pair.coords(rank), sizes)
+                    pair.compare("updates", name, rank, mine[name], want, span)
+    for name in pair.want:
+        if name.startswith("new(") and not any(name in m for m in pair.got.updates.values()):
+            pair.fail("updates", name, span, "no rank computes this update")
 
 
-def _block(grad: np.ndarray, lay: TLayout, block: TLayout, coords: Mapping[str, int],
-           sizes: Mapping[str, int]) -> np.ndarray:
-    """This rank's ZeRO block of its local piece: block ``k_A`` of the local rows."""
-    n = block.local_shape(sizes)[0]
-    index = 0
-    for a in block.dims[0][0].axes[len(lay.dims[0][0].axes):]:
-        index = index * sizes[a] + coords[a]
-    return grad[index * n:(index + 1) * n]
+def _check_lineages(pair: _Pair) -> None:
+    sizes = pair.program.sizes
+    for lineage in pair.program.lineages:
+        want_global = pair.points.get(lineage.point)
+        lay = lineage.layout
+        if want_global is None or (lay.partial and MICROBATCH_AXIS in lay.partial[1]):
+            continue  # a mean over microbatches is no local piece to compare
+        pieces = {(r, m): v for (p, r, m), v in pair.got.observed.items() if p == lineage.point}
+        for rank, m in sorted(pieces):
+            got = pair.reconstruct(pieces, lay, rank, m)
+            if got is None:
+                continue
+            want = take_local(want_global, lay, pair.coords(rank, m), sizes)
+            err = rel_error(got, want, pair.floor)
+            if not err < TOLERANCE:
+                pair.lineage_mismatches.append(Mismatch(
+                    lineage.point, rank, err, lineage.origin.span,
+                    f"local piece vs lineage {lay.describe()}, microbatch {m}", "lineages"))
+                break
 
 
-def _all_gather_blocks(run: _PlanRun, pieces: dict[int, np.ndarray],
-                       axes: tuple[str, ...]) -> dict[int, np.ndarray]:
-    n = math.prod(run.sizes[a] for a in axes)
-    out: dict[int, np.ndarray] = {}
-    for group in run.mesh.groups(axes):
-        members = [r for r in group if r in pieces]
-        if len(members) != len(group):
-            continue
-        gathered = OPS["all_gather"].evaluate([(pieces[r],) for r in members],
-                                              {"axis": ",".join(axes), "dim": 0,
-                                               "group_size": n})
-        out.update(zip(members, gathered, strict=True))
-    return out
+#: The named checks, in order (Alive2's discipline: each has a stable name; all run).
+CHECKS: tuple[tuple[str, Callable[[_Pair], None]], ...] = (
+    ("loss copies", _check_loss_copies),
+    ("loss", _check_loss),
+    ("gradient coverage", _check_coverage),
+    ("gradients", _check_gradients),
+    ("claims", _check_claims),
+    ("optimizer recipe", _check_recipe),
+    ("updates", _check_updates),
+    ("lineages", _check_lineages),
+)
 
 
-def simulate(plan: Plan, model: torch.nn.Module, real_model: torch.nn.Module,
-             inputs: Mapping[str, torch.Tensor], spec: Any, seed: int = 0) -> SimulationResult:
-    lowered = lower(plan, model, inputs)
-    return simulate_lowered(lowered, spec, real_model, seed)
+def compare_programs(program: ParallelProgram, reference: Any, values: Mapping[str, np.ndarray],
+                     reference_opt: optim.Optimizer | None,
+                     points: Mapping[str, np.ndarray]) -> SimulationResult:
+    """Evaluate the reference step and the parallel program on ``values`` and run ``CHECKS``."""
+    want = reference.evaluate(values)
+    got = evaluate_parallel(program, values)
+    pair = _Pair(program, want, got, values, reference_opt, points)
+    for _, check in CHECKS:
+        check(pair)
+    result = SimulationResult(program.name, pair.mesh.world_size, pair.worst, pair.compared,
+                              pair.mismatches)
+    result.lineage_mismatches = pair.lineage_mismatches
+    return result
+
+
+def plan_states(program: ParallelProgram, values: dict[str, np.ndarray],
+                rng: np.random.Generator) -> None:
+    """Random optimizer states the plan's optimizer reads and the reference has none of (its
+    recipe differs: the recipe check reports it; the update still runs)."""
+    if program.optimizer is None:
+        return
+    for u in program.optimizer.updates:
+        for s in u.states:
+            name = f"{s}({u.param})"
+            if name not in values:
+                shape = values[u.param].shape
+                values[name] = rng.uniform(0.1, 1.0, size=shape) if s == "v" else \
+                    rng.normal(0.0, 0.5, size=shape)

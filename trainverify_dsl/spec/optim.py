@@ -153,3 +153,60 @@ def append_optimizer(spec: SpecProgram, opt: Optimizer) -> SpecProgram:
     new_program = Program(program.inputs + tuple(states), tuple(graphs.items()), tuple(calls),
                           tuple(outputs))
     return replace(spec, program=new_program)
+
+
+# -- optimizers named in text (the plan's `optimizer` statement, the spec line's recipe) -----
+
+#: Hyper-parameters each optimizer accepts, with torch.optim's defaults.
+DEFAULTS: dict[str, dict[str, object]] = {
+    "sgd": {"lr": None, "momentum": 0.0, "dampening": 0.0, "weight-decay": 0.0,
+            "nesterov": False},
+    "adam": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight-decay": 0.0},
+    "adamw": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight-decay": 0.01},
+}
+
+#: Keys of the ``spec`` line that state the reference step's optimizer (not model settings).
+RECIPE_KEYS = ("optimizer", "lr", "momentum", "dampening", "weight-decay", "nesterov", "betas",
+               "eps")
+
+
+def _number(value: object) -> float:
+    if isinstance(value, tuple):
+        raise ValueError("expected a number, got a tuple")
+    return float(value)  # type: ignore[arg-type]
+
+
+def hyper_values(kind: str, hyper: dict[str, object]) -> dict[str, object]:
+    """Every hyper-parameter of ``kind`` with its value (the stated one or torch's default),
+    as floats (``betas`` a pair, ``nesterov`` a bool). Raises ``ValueError`` on an unknown
+    kind or key, a missing ``lr`` (SGD has no default) or a malformed value."""
+    if kind not in DEFAULTS:
+        raise ValueError(f"unknown optimizer {kind!r} (known: {', '.join(DEFAULTS)})")
+    unknown = sorted(set(hyper) - set(DEFAULTS[kind]))
+    if unknown:
+        raise ValueError(f"{kind} has no hyper-parameter {', '.join(unknown)}")
+    out: dict[str, object] = {}
+    for key, default in DEFAULTS[kind].items():
+        value = hyper.get(key, default)
+        if value is None:
+            raise ValueError(f"{kind} needs `{key}`")
+        if key == "betas":
+            pair = tuple(value) if isinstance(value, tuple) else ()
+            if len(pair) != 2:
+                raise ValueError("`betas` is a pair (beta1, beta2)")
+            out[key] = (_number(pair[0]), _number(pair[1]))
+        elif key == "nesterov":
+            out[key] = value in (True, "true", "True", 1)
+        else:
+            out[key] = _number(value)
+    return out
+
+
+def optimizer_config(kind: str, hyper: dict[str, object]) -> Optimizer:
+    """The ``spec.optim`` config of an optimizer named in text (see ``hyper_values``)."""
+    v = hyper_values(kind, hyper)
+    if kind == "sgd":
+        return SGD(lr=v["lr"], momentum=v["momentum"], dampening=v["dampening"],  # type: ignore[arg-type]
+                   weight_decay=v["weight-decay"], nesterov=v["nesterov"])  # type: ignore[arg-type]
+    return Adam(lr=v["lr"], betas=v["betas"], eps=v["eps"],  # type: ignore[arg-type]
+                weight_decay=v["weight-decay"], decoupled=kind == "adamw")  # type: ignore[arg-type]

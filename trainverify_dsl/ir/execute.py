@@ -1,0 +1,238 @@
+"""Run a ``ParallelProgram`` on every rank (numpy, float64): the plan's training step.
+
+``evaluate_parallel(program, values)`` takes the step's global inputs by spec name
+(parameters, buffers, model inputs, optimizer states) and runs, microbatch by microbatch, a
+forward sweep over the stages (each stage's joint graph on all of its ranks at once, sends
+delivered by the transfer table) and a backward sweep in reverse (cotangents of sends come
+back as gradients of receives), seeded with the program's seed; then the gradient statements
+and the optimizer step on local pieces (ZeRO-1: the rank's block, then an all-gather). Every
+meaning comes from the program; nothing here knows the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trainverify_dsl.ir.interp import evaluate_graph, evaluate_spmd
+from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout, take_local
+from trainverify_dsl.ir.mesh import MeshGroups
+from trainverify_dsl.ir.ops import OPS
+from trainverify_dsl.ir.parallel import ParallelProgram, ParamUpdate, Stage
+
+#: Seed of the generator for free values (Rule 5.2): a fixed, documented choice, so a run is
+#: reproducible and a free value is the same in the forward and the backward sweep.
+FREE_VALUE_SEED = 12345
+
+
+@dataclass
+class ParallelOutcome:
+    """What the plan's step produced, by rank."""
+
+    #: (rank, microbatch) -> local loss
+    losses: dict[tuple[int, int], float] = field(default_factory=dict)
+    #: (marked point, rank, microbatch) -> the local value there
+    observed: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict)
+    #: rank -> parameter -> final gradient (after the gradient statements)
+    grads: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    #: rank -> name -> updated piece: ``new(p)`` in the parameter's layout, ``new(s(p))``
+    #: in the block layout
+    updates: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+
+
+class _Run:
+    def __init__(self, program: ParallelProgram, values: Mapping[str, np.ndarray]) -> None:
+        self.p, self.values = program, values
+        self.mesh = MeshGroups(program.mesh)
+        self.sizes = program.sizes
+        self.stage_ranks = [self._ranks_of(st.index) for st in program.stages]
+        self.transfers = {(t.dest, t.value): t for t in program.transfers}
+        self.free = np.random.default_rng(FREE_VALUE_SEED)
+        self.free_values: dict[tuple[int, str, int, int], np.ndarray] = {}
+        self.out = ParallelOutcome()
+
+    def _ranks_of(self, stage: int) -> list[int]:
+        axis = self.p.pipeline_axis
+        ranks = range(self.mesh.world_size)
+        if axis is None:
+            return list(ranks)
+        return [r for r in ranks if self.mesh.coords(r)[axis] == stage]
+
+    def coords(self, rank: int, m: int = 0) -> dict[str, int]:
+        coords = self.mesh.coords(rank)
+        coords[MICROBATCH_AXIS] = m
+        return coords
+
+    def peer(self, rank: int) -> int:
+        """Boundary values are keyed by the rank's coordinates off the pipeline axis."""
+        axis = self.p.pipeline_axis
+        if axis is None:
+            return rank
+        coords = self.mesh.coords(rank)
+        coords[axis] = 0
+        return self.mesh.rank_of(coords)
+
+    def groups(self, ranks: list[int]) -> Any:
+        position = {r: i for i, r in enumerate(ranks)}
+
+        def groups(axis: str) -> list[list[int]]:
+            return [[position[r] for r in group]
+                    for group in self.mesh.groups(tuple(axis.split(",")))
+                    if group[0] in position]
+        return groups
+
+    # -- the microbatch loop ------------------------------------------------------------
+
+    def run(self, step: bool = True) -> ParallelOutcome:
+        for m in range(self.p.microbatches):
+            sends: dict[tuple[str, int], Any] = {}
+            for stage in self.p.stages:
+                self._stage(stage, m, sends, {}, forward=True)
+            cotangents: dict[tuple[str, int], Any] = {}
+            for stage in reversed(self.p.stages):
+                self._stage(stage, m, sends, cotangents, forward=False)
+        if not step:
+            return self.out
+        self._grad_syncs()
+        if self.p.optimizer is not None:
+            for update in self.p.optimizer.updates:
+                self._update(update, self.p.optimizer.shard_axes)
+        return self.out
+
+    def _feed(self, stage: Stage, rank: int, m: int, sends: Mapping, cotangents: Mapping
+              ) -> dict[str, Any]:
+        coords = self.coords(rank, m)
+        feed: dict[str, Any] = {}
+        for slot in stage.inputs:
+            if slot.kind in ("param", "data", "buffer"):
+                feed[slot.name] = take_local(self.values[slot.spec], slot.layout, coords,
+                                             self.sizes)
+            elif slot.kind == "coord":
+                feed[slot.name] = np.array(coords[slot.spec], dtype=np.int64)
+            elif slot.kind == "recv":
+                feed[slot.name] = self._received(stage, slot, rank, m, sends)
+            elif slot.kind == "seed":
+                feed[slot.name] = np.full(stage.graph.inputs[len(feed)].type.shape,
+                                          float(self.p.seed))
+            else:  # a cotangent: zero unless a later stage sent one back
+                value = cotangents.get((slot.spec, self.peer(rank)))
+                shape = stage.graph.inputs[len(feed)].type.shape
+                feed[slot.name] = np.zeros(shape) if value is None else value
+        return feed
+
+    def _received(self, stage: Stage, slot: Any, rank: int, m: int, sends: Mapping) -> Any:
+        t = self.transfers[(stage.index, slot.spec)]
+        if t.source is not None:
+            return sends[(t.sent, self.peer(rank))]
+        key = (stage.index, slot.spec, rank, m)
+        if key not in self.free_values:
+            shape = slot.layout.local_shape(self.sizes)
+            self.free_values[key] = self.free.normal(0.0, 1.0, size=shape)
+        return self.free_values[key]
+
+    def _stage(self, stage: Stage, m: int, sends: dict, cotangents: dict,
+               forward: bool) -> None:
+        ranks = self.stage_ranks[stage.index]
+        feeds = [self._feed(stage, r, m, sends, cotangents) for r in ranks]
+        outs = evaluate_spmd(stage.graph, feeds, self.groups(ranks))
+        kinds = {s.name: s for s in stage.outputs}
+        for r, out in zip(ranks, outs, strict=True):
+            for name, value in out.items():
+                slot = kinds[name]
+                if forward:
+                    self._forward_output(slot, r, m, value, sends)
+                else:
+                    self._backward_output(stage, slot, r, m, value, cotangents)
+
+    def _forward_output(self, slot: Any, rank: int, m: int, value: Any, sends: dict) -> None:
+        if slot.kind == "send":
+            sends[(slot.spec, self.peer(rank))] = value
+        elif slot.kind == "lineage":
+            self.out.observed[(slot.spec, rank, m)] = value
+
+    def _backward_output(self, stage: Stage, slot: Any, rank: int, m: int, value: Any,
+                         cotangents: dict) -> None:
+        if slot.kind == "grad-recv":
+            t = self.transfers[(stage.index, slot.spec)]
+            if t.source is not None:
+                key = (f"send.{t.sent}", self.peer(rank))
+                cotangents[key] = cotangents.get(key, 0) + value
+        elif slot.kind == "grad":
+            acc = self.out.grads.setdefault(rank, {})
+            acc[slot.spec] = acc.get(slot.spec, 0) + value
+        elif slot.kind == "loss":
+            self.out.losses[(rank, m)] = float(value)
+
+    # -- after the backward -------------------------------------------------------------
+
+    def _grad_syncs(self) -> None:
+        grads = self.out.grads
+        for sync in self.p.grad_syncs:
+            attrs = {"axis": ",".join(sync.axes), "op": sync.op,
+                     "group_size": self.mesh.group_size(sync.axes)}
+            if sync.kind == "reduce_scatter":
+                attrs["dim"] = sync.dim
+            for param in sync.params:
+                for group in self.mesh.groups(sync.axes):
+                    # a statement acts where the ranks hold the parameter (§4.5); the
+                    # verifier guarantees a group holds it on every member or on none
+                    if param not in grads.get(group[0], {}):
+                        continue
+                    outs = OPS[sync.kind].evaluate([(grads[r][param],) for r in group], attrs)
+                    for r, out in zip(group, outs, strict=True):
+                        grads[r][param] = out
+
+    def _update(self, u: ParamUpdate, shard: tuple[str, ...]) -> None:
+        final = self.p.final_grad_layouts()[u.param]
+        names = [g.name for g in u.graph.inputs]
+        pieces: dict[int, np.ndarray] = {}
+        for rank, acc in sorted(self.out.grads.items()):
+            if u.param not in acc:
+                continue
+            coords = self.coords(rank)
+            grad = acc[u.param]
+            if final != u.block:  # complete on the rank: take its block (§6.2)
+                grad = _block_of(grad, u.layout, u.block, coords, self.sizes)
+            local = [take_local(self.values[u.param], u.block, coords, self.sizes), grad]
+            local += [take_local(self.values[f"{s}({u.param})"], u.block, coords, self.sizes)
+                      for s in u.states]
+            result = evaluate_graph(u.graph, dict(zip(names, local, strict=True)))
+            mine = self.out.updates.setdefault(rank, {})
+            for s in u.states:
+                mine[f"new({s}({u.param}))"] = result[f"new({s})"]
+            pieces[rank] = result["new(param)"]
+        if shard:
+            pieces = self._all_gather(pieces, shard)
+        for rank, piece in pieces.items():
+            self.out.updates[rank][f"new({u.param})"] = piece
+
+    def _all_gather(self, pieces: dict[int, np.ndarray], axes: tuple[str, ...]
+                    ) -> dict[int, np.ndarray]:
+        attrs = {"axis": ",".join(axes), "dim": 0, "group_size": self.mesh.group_size(axes)}
+        out: dict[int, np.ndarray] = {}
+        for group in self.mesh.groups(axes):
+            if all(r in pieces for r in group):
+                gathered = OPS["all_gather"].evaluate([(pieces[r],) for r in group], attrs)
+                out.update(zip(group, gathered, strict=True))
+        return out
+
+
+def _block_of(grad: np.ndarray, layout: TLayout, block: TLayout, coords: Mapping[str, int],
+              sizes: Mapping[str, int]) -> np.ndarray:
+    """The rank's ZeRO block of its local piece: block ``k_A`` of the local rows."""
+    n = block.local_shape(sizes)[0]
+    index = 0
+    for a in block.dims[0][0].axes[len(layout.dims[0][0].axes):]:
+        index = index * sizes[a] + coords[a]
+    return grad[index * n:(index + 1) * n]
+
+
+def evaluate_parallel(program: ParallelProgram, values: Mapping[str, np.ndarray],
+                      step: bool = True) -> ParallelOutcome:
+    """The plan's training step on the global input ``values`` (by spec name); with
+    ``step=False`` only the microbatch loop (local losses, accumulated gradients before the
+    gradient statements)."""
+    return _Run(program, values).run(step)

@@ -1,0 +1,387 @@
+"""The parallel program: a plan's whole training step as plain data (docs/semantics.md).
+
+Each stage's local forward and backward is an IR graph; the rest of the step is data too:
+the transfers between stages, the backward seed (an exact rational), the microbatch count,
+the gradient statements, the optimizer with its ZeRO blocks, the loss reduction, the lineages
+at marked points and the plan's layout claims. Every element carries the ``Source`` of the
+plan statement it came from. ``evaluate_parallel`` (``ir/execute.py``) runs it; the checker
+proves it equal to the reference step. Nothing here reads the plan, the binding or torch.
+
+Invariants (``parallel_problems``):
+
+1. Every stage graph verifies; its inputs and outputs are exactly its slots, in order.
+2. Every ``recv`` input of a stage has exactly one transfer, from an earlier stage's ``send``
+   output of the same local shape, or a free value (``source is None``); every transfer's
+   destination exists.
+3. Every gradient statement's axes are mesh axes, and every member of each of its groups holds
+   the parameters it names (a statement over the pipeline axis of a parameter held on one stage
+   has no meaning and is rejected before this point).
+4. The loss is produced by exactly one stage.
+5. The optimizer updates every parameter with a gradient, once; its update graph's inputs are
+   ``param, grad, <states>`` at the block's local shape, and the final gradient layout is the
+   parameter's layout or its block layout.
+6. Group sizes match the mesh: every axis named anywhere is a mesh axis (or ``@mb``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+
+from trainverify_dsl.ir.graph import Graph
+from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout, append_axes
+from trainverify_dsl.ir.printer import format_graph
+from trainverify_dsl.ir.verify import graph_problems
+from trainverify_dsl.report.span import Span
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """The plan statement an element comes from: ``span`` is where to report (the outermost
+    ``apply`` line for a template statement), ``statement`` the statement itself, ``notes``
+    the expansion chain (innermost first)."""
+
+    span: Span | None
+    statement: Span | None = None
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        return str(self.span) if self.span is not None else "(implied)"
+
+
+NO_SOURCE = Source(None)
+
+#: Slot kinds. Inputs: values from the step's inputs (``param``, ``buffer``, ``data``), the
+#: rank's coordinate (``coord``), a boundary value (``recv``), the loss cotangent (``seed``)
+#: and cotangents of outputs (``cotangent``). Outputs: ``loss``, ``send``, ``lineage`` (the
+#: value at a marked point), ``grad`` (a parameter's local gradient), ``grad-recv``.
+INPUT_KINDS = ("param", "buffer", "data", "coord", "recv", "seed", "cotangent")
+OUTPUT_KINDS = ("loss", "send", "lineage", "grad", "grad-recv")
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One input or output of a stage graph: ``name`` is the graph's, ``spec`` the spec
+    tensor, boundary id, axis or output it stands for, ``layout`` its lineage."""
+
+    name: str
+    kind: str
+    spec: str
+    layout: TLayout
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    index: int
+    graph: Graph
+    inputs: tuple[Slot, ...]
+    outputs: tuple[Slot, ...]
+
+    def output(self, kind: str) -> tuple[Slot, ...]:
+        return tuple(s for s in self.outputs if s.kind == kind)
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Stage ``dest`` reads its boundary input ``value`` from stage ``source``'s output
+    ``sent`` (the same id, unless an explicit ``send`` reroutes it); ``source is None``: a
+    free value (whatever the receive buffer held, Rule 5.2)."""
+
+    dest: int
+    value: str
+    source: int | None
+    sent: str | None
+    origin: Source = NO_SOURCE
+
+
+@dataclass(frozen=True, slots=True)
+class GradSync:
+    """A gradient statement (§4.5): ``kind`` ``all_reduce`` or ``reduce_scatter``."""
+
+    kind: str
+    axes: tuple[str, ...]
+    op: str
+    dim: int
+    params: tuple[str, ...]
+    origin: Source
+
+
+@dataclass(frozen=True, slots=True)
+class ParamUpdate:
+    """The optimizer step of one parameter on every rank holding it: the update graph runs
+    on the rank's ``block`` (the parameter's layout, or ``Z(P)`` under ZeRO-1)."""
+
+    param: str
+    layout: TLayout
+    block: TLayout
+    states: tuple[str, ...]
+    graph: Graph
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerStep:
+    kind: str
+    #: hyper-parameters as written, exact (``betas`` a tuple)
+    hyper: tuple[tuple[str, object], ...]
+    shard_axes: tuple[str, ...]
+    updates: tuple[ParamUpdate, ...]
+    origin: Source
+
+
+@dataclass(frozen=True, slots=True)
+class LossReduction:
+    """§4.6: the logical loss is the mean over data blocks (the ``data_axes``) and
+    microbatches of the local losses; every other axis holds equal copies."""
+
+    data_axes: tuple[str, ...]
+    origin: Source = NO_SOURCE
+
+
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """The derived layout of the value at a marked point (§2.5), after its collectives."""
+
+    point: str
+    layout: TLayout
+    origin: Source = NO_SOURCE
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A layout statement on a computed tensor (§2.4): ``target`` is a marked point,
+    ``loss`` or ``grad(<param>)``."""
+
+    target: str
+    layout: TLayout
+    origin: Source
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelProgram:
+    name: str
+    #: ``(axis, size)``, outermost first
+    mesh: tuple[tuple[str, int], ...]
+    #: the axis whose coordinate is the pipeline stage (``None``: one stage on every rank)
+    pipeline_axis: str | None
+    microbatches: int
+    schedule: str
+    #: the cotangent every local backward starts from (the plan's ``loss-scale``)
+    seed: Fraction
+    stages: tuple[Stage, ...]
+    transfers: tuple[Transfer, ...]
+    grad_syncs: tuple[GradSync, ...]
+    optimizer: OptimizerStep | None
+    loss: LossReduction
+    lineages: tuple[Lineage, ...]
+    claims: tuple[Claim, ...]
+    #: every parameter's layout (the distribution the plan defines)
+    param_layouts: tuple[tuple[str, TLayout], ...]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Axis sizes, with the microbatch pseudo-axis ``@mb``."""
+        return {**dict(self.mesh), MICROBATCH_AXIS: self.microbatches}
+
+    @property
+    def world_size(self) -> int:
+        return math.prod(size for _, size in self.mesh)
+
+    def param_layout(self, param: str) -> TLayout:
+        return dict(self.param_layouts)[param]
+
+    def holders(self, param: str) -> tuple[int, ...]:
+        """The stages that compute a gradient of ``param``."""
+        return tuple(st.index for st in self.stages
+                     if any(s.spec == param for s in st.output("grad")))
+
+    def final_grad_layouts(self) -> dict[str, TLayout]:
+        """Every parameter's gradient layout after the gradient statements (§4.5)."""
+        final = {p: lay for p, lay in self.param_layouts}
+        for sync in self.grad_syncs:
+            if sync.kind != "reduce_scatter":
+                continue
+            for param in sync.params:
+                dims = list(final[param].dims)
+                dims[sync.dim] = append_axes(dims[sync.dim], sync.axes)
+                final[param] = TLayout(tuple(dims))
+        return final
+
+
+def zero_block(layout: TLayout, axes: tuple[str, ...]) -> TLayout:
+    """``Z(P)``: the parameter's layout with the ZeRO axes innermost on dimension 0 (§6.2)."""
+    if not axes:
+        return layout
+    return TLayout((append_axes(layout.dims[0], axes),) + layout.dims[1:])
+
+
+# -- verifier ------------------------------------------------------------------------------
+
+
+def parallel_problems(program: ParallelProgram) -> list[str]:
+    """Every invariant violation (module docstring) as a message; empty when well formed."""
+    problems: list[str] = []
+    sizes = program.sizes
+    for stage in program.stages:
+        problems += _stage_problems(stage, sizes)
+    problems += _transfer_problems(program)
+    problems += _sync_problems(program)
+    losses = [st.index for st in program.stages if st.output("loss")]
+    if len(losses) != 1:
+        problems.append(f"the loss is produced by stages {losses}, expected exactly one")
+    problems += _optimizer_problems(program)
+    return problems
+
+
+def _stage_problems(stage: Stage, sizes: Mapping[str, int]) -> list[str]:
+    where = f"stage {stage.index}"
+    problems = [f"{where}: %{v}: {m}"
+                for v, m in graph_problems(stage.graph, allow_collectives=True)]
+    names = tuple(g.name for g in stage.graph.inputs)
+    if names != tuple(s.name for s in stage.inputs):
+        problems.append(f"{where}: graph inputs {names[:4]}... differ from its input slots")
+    if stage.graph.output_names != tuple(s.name for s in stage.outputs):
+        problems.append(f"{where}: graph outputs differ from its output slots")
+    for slot in stage.inputs + stage.outputs:
+        unknown = [a for d in slot.layout.dims for f in d for a in f.axes if a not in sizes]
+        if unknown:
+            problems.append(f"{where}: {slot.name} is laid out over unknown axes {unknown}")
+    return problems
+
+
+def _transfer_problems(program: ParallelProgram) -> list[str]:
+    problems: list[str] = []
+    by_dest = {}
+    for t in program.transfers:
+        if (t.dest, t.value) in by_dest:
+            problems.append(f"stage {t.dest}: two transfers deliver recv.{t.value}")
+        by_dest[(t.dest, t.value)] = t
+    sizes = program.sizes
+    for stage in program.stages:
+        for slot in stage.inputs:
+            if slot.kind != "recv":
+                continue
+            t = by_dest.get((stage.index, slot.spec))
+            if t is None:
+                problems.append(f"stage {stage.index}: recv.{slot.spec} has no transfer")
+            elif t.source is not None:
+                problems += _transfer_source_problems(program, t, slot, sizes)
+    return problems
+
+
+def _transfer_source_problems(program: ParallelProgram, t: Transfer, slot: Slot,
+                              sizes: Mapping[str, int]) -> list[str]:
+    if not 0 <= t.source < t.dest:  # type: ignore[operator]
+        return [f"stage {t.dest}: recv.{t.value} comes from stage {t.source}, not an earlier one"]
+    sent = {s.spec: s for s in program.stages[t.source].output("send")}  # type: ignore[index]
+    if t.sent not in sent:
+        return [f"stage {t.dest}: recv.{t.value}: stage {t.source} sends no {t.sent}"]
+    if sent[t.sent].layout.local_shape(sizes) != slot.layout.local_shape(sizes):
+        return [f"stage {t.dest}: recv.{t.value} and send.{t.sent} differ in local shape"]
+    return []
+
+
+def _sync_problems(program: ParallelProgram) -> list[str]:
+    problems: list[str] = []
+    mesh = dict(program.mesh)
+    for sync in program.grad_syncs:
+        unknown = [a for a in sync.axes if a not in mesh]
+        if unknown:
+            problems.append(f"{sync.origin.describe()}: unknown axes {unknown}")
+            continue
+        if program.pipeline_axis in sync.axes:
+            for param in sync.params:
+                if len(program.holders(param)) != len(program.stages):
+                    problems.append(f"{sync.origin.describe()}: grad({param}) is reduced over "
+                                    f"{program.pipeline_axis}, but only stages "
+                                    f"{list(program.holders(param))} hold it")
+    return problems
+
+
+def _optimizer_problems(program: ParallelProgram) -> list[str]:
+    opt = program.optimizer
+    if opt is None:
+        return []
+    problems: list[str] = []
+    final = program.final_grad_layouts()
+    updated = [u.param for u in opt.updates]
+    if len(set(updated)) != len(updated):
+        problems.append("the optimizer updates a parameter twice")
+    sizes = program.sizes
+    for u in opt.updates:
+        if final[u.param] not in (u.layout, u.block):
+            problems.append(f"grad({u.param}) ends in layout {final[u.param].describe()}, "
+                            f"neither the parameter's nor its block {u.block.describe()}")
+        want = ("param", "grad") + u.states
+        got = tuple(g.name for g in u.graph.inputs)
+        if got != want:
+            problems.append(f"update of {u.param}: inputs {got}, expected {want}")
+        elif u.graph.inputs[0].type.shape != u.block.local_shape(sizes):
+            problems.append(f"update of {u.param}: shape {u.graph.inputs[0].type.shape} is not "
+                            f"the block's {u.block.local_shape(sizes)}")
+    missing = {p for p, _ in program.param_layouts if program.holders(p)} - set(updated)
+    problems += [f"the optimizer does not update {p}" for p in sorted(missing)]
+    return problems
+
+
+# -- printer ---------------------------------------------------------------------------------
+
+
+def _fraction(x: Fraction) -> str:
+    return str(x.numerator) if x.denominator == 1 else f"{x.numerator}/{x.denominator}"
+
+
+def _where(origin: Source) -> str:
+    if origin.span is None:
+        return ""
+    return f"  @ {origin.span.line}:{origin.span.col}"
+
+
+def format_parallel(program: ParallelProgram, graphs: bool = True) -> str:
+    """The canonical text of a parallel program (stage graphs included unless ``graphs`` is
+    false). Spans print as ``@ line:col`` so the text does not depend on where the file is."""
+    mesh = ", ".join(f"{a}={n}" for a, n in program.mesh)
+    lines = [f"parallel {program.name}",
+             f"  mesh {mesh}; pipeline axis {program.pipeline_axis or '-'}",
+             f"  microbatches {program.microbatches} schedule {program.schedule}; "
+             f"seed {_fraction(program.seed)}",
+             f"  loss mean over data axes ({', '.join(program.loss.data_axes)}) and "
+             f"microbatches{_where(program.loss.origin)}"]
+    for param, lay in program.param_layouts:
+        lines.append(f"  param {param}: {lay.describe()}")
+    for stage in program.stages:
+        lines.append(f"stage {stage.index}")
+        for kind, slots in (("in", stage.inputs), ("out", stage.outputs)):
+            for s in slots:
+                lines.append(f"  {kind} {s.kind} {s.name} = {s.spec}: {s.layout.describe()}")
+        if graphs:
+            lines.append(format_graph(stage.graph, f"stage{stage.index}").rstrip("\n"))
+    for t in program.transfers:
+        source = "free value" if t.source is None else f"stage {t.source} send.{t.sent}"
+        lines.append(f"transfer stage {t.dest} recv.{t.value} <- {source}{_where(t.origin)}")
+    for s in program.grad_syncs:
+        lines.append(f"sync {s.kind} over {','.join(s.axes)} op={s.op} dim={s.dim}: "
+                     f"{', '.join(s.params)}{_where(s.origin)}")
+    lines += _format_optimizer(program.optimizer, graphs)
+    for lin in program.lineages:
+        lines.append(f"lineage {lin.point}: {lin.layout.describe()}")
+    for c in program.claims:
+        lines.append(f"claim {c.target}: {c.layout.describe()}{_where(c.origin)}")
+    return "\n".join(lines) + "\n"
+
+
+def _format_optimizer(opt: OptimizerStep | None, graphs: bool) -> list[str]:
+    if opt is None:
+        return ["optimizer none"]
+    hyper = " ".join(f"{k}={v}" for k, v in opt.hyper)
+    shard = f" shard over {','.join(opt.shard_axes)}" if opt.shard_axes else ""
+    lines = [f"optimizer {opt.kind} {hyper}{shard}{_where(opt.origin)}"]
+    printed: set[Graph] = set()
+    for u in opt.updates:
+        lines.append(f"  update {u.param}: block {u.block.describe()} states "
+                     f"({', '.join(u.states)})")
+        if graphs and u.graph not in printed:
+            printed.add(u.graph)
+            lines.append(format_graph(u.graph, "update").rstrip("\n"))
+    return lines

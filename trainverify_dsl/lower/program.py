@@ -1,0 +1,222 @@
+"""Lowered plan -> ``ParallelProgram`` (``ir/parallel.py``): the plan's step as data.
+
+The stage graphs are the joint forward/backward IR of each stage's local program
+(``joint.stage_joint``); everything else the plan states becomes a field of the program with
+the ``Source`` of its statement: transfers (implied, or rerouted by ``send``), the seed
+(``loss-scale``), gradient statements, the optimizer with its update graphs at block shapes,
+the loss reduction, lineages and claims. After this point nothing reads ``Plan`` or
+``Binding``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from trainverify_dsl.ir.graph import Graph
+from trainverify_dsl.ir.layout import MICROBATCH_AXIS, Factor, TLayout
+from trainverify_dsl.ir.parallel import (
+    Claim,
+    GradSync,
+    Lineage,
+    LossReduction,
+    OptimizerStep,
+    ParallelProgram,
+    ParamUpdate,
+    Slot,
+    Source,
+    Stage,
+    Transfer,
+    zero_block,
+)
+from trainverify_dsl.ir.types import TensorType
+from trainverify_dsl.lower.findings import Finding, LoweringError
+from trainverify_dsl.lower.joint import input_name, output_name, stage_joint
+from trainverify_dsl.lower.lowering import Lowered, StageProgram
+from trainverify_dsl.plan.model import Layout, Partial
+from trainverify_dsl.spec import optim
+
+#: Gradient statements with a meaning on accumulated gradients (§4.5).
+GRAD_SYNC_KINDS = {"all-reduce": "all_reduce", "reduce-scatter": "reduce_scatter"}
+#: The axis whose coordinate is the pipeline stage (docs/language.md: `pipeline-stage N`
+#: assigns modules to pp rank N).
+PIPELINE_AXIS = "pp"
+
+
+def source_of(origin: Any) -> Source:
+    """A plan ``Origin`` as an IR ``Source``."""
+    if origin is None:
+        return Source(None)
+    return Source(origin.report_span, origin.span, origin.notes())
+
+
+def _span_source(span: Any) -> Source:
+    return Source(span, span)
+
+
+# -- stages ----------------------------------------------------------------------------------
+
+
+def _stage(lowered: Lowered, program: StageProgram, graph: Graph) -> Stage:
+    by_input = {input_name(s): s for s in program.inputs}
+    by_output = {output_name(s): s for s in program.outputs}
+    params = lowered.binding.params
+    layouts = {s.spec: s.layout for st in lowered.stages for s in st.inputs}
+    loss = lowered.lineages.get("loss", TLayout(()))
+    inputs = []
+    for g in graph.inputs:
+        slot = by_input.get(g.name)
+        if slot is not None:
+            inputs.append(Slot(g.name, slot.kind, slot.spec, slot.layout))
+        elif g.name == "seed":
+            inputs.append(Slot(g.name, "seed", "loss", loss))
+        else:
+            out = g.name.removeprefix("cotangent.")
+            out = out if out.startswith("lineage.") else f"send.{out}"
+            inputs.append(Slot(g.name, "cotangent", out, by_output[out].layout))
+    outputs = []
+    for name, _ in graph.outputs:
+        slot = by_output.get(name)
+        if slot is not None:
+            outputs.append(Slot(name, slot.kind, slot.spec, slot.layout))
+        elif name.startswith("grad(recv."):
+            spec = name[len("grad(recv."):-1]
+            outputs.append(Slot(name, "grad-recv", spec, by_input[f"recv.{spec}"].layout))
+        else:
+            param = name[len("grad("):-1]
+            if param not in params:
+                raise AssertionError(f"stage output {name} is no parameter gradient")
+            outputs.append(Slot(name, "grad", param, layouts[param]))
+    return Stage(program.index, graph, tuple(inputs), tuple(outputs))
+
+
+def _transfers(lowered: Lowered) -> tuple[Transfer, ...]:
+    home = {s.spec: st.index for st in lowered.stages for s in st.outputs if s.kind == "send"}
+    sends = {dest: span for _, _, dest, span in lowered.binding.sends}
+    out = []
+    for st in lowered.stages:
+        for slot in st.inputs:
+            if slot.kind != "recv":
+                continue
+            explicit = (st.index, slot.spec) in lowered.routes
+            sent = lowered.routes.get((st.index, slot.spec), slot.spec)
+            origin = _span_source(sends.get(st.index)) if explicit else Source(None)
+            source = home.get(sent) if sent is not None else None
+            out.append(Transfer(st.index, slot.spec, source, sent, origin))
+    return tuple(out)
+
+
+# -- the step after the backward ---------------------------------------------------------------
+
+
+def _grad_syncs(lowered: Lowered) -> tuple[GradSync, ...]:
+    out = []
+    for st, names in lowered.binding.grad_statements:
+        kind = GRAD_SYNC_KINDS.get(st.kind)
+        if kind is None:
+            raise LoweringError(Finding(
+                "collective-mismatch", f"`{st.kind}` on a gradient has no meaning after "
+                "accumulation: gradient statements are `all-reduce` and `reduce-scatter` "
+                "(docs/semantics.md §4.5)", st.origin.report_span, str(st.target)))
+        out.append(GradSync(kind, tuple(st.axes), st.op or "sum",
+                            st.dim or 0 if kind == "reduce_scatter" else 0, names,
+                            source_of(st.origin)))
+    return tuple(out)
+
+
+def _optimizer(lowered: Lowered, stages: tuple[Stage, ...]) -> OptimizerStep | None:
+    opt = lowered.plan.optimizer
+    if opt is None:
+        return None
+    try:
+        config = optim.optimizer_config(opt.kind, dict(opt.hyper))
+    except ValueError as error:
+        raise LoweringError(Finding("collective-mismatch", f"optimizer: {error}",
+                                    opt.origin.report_span, "optimizer")) from None
+    held = {s.spec: (st, s) for st in stages for s in st.output("grad")}
+    sizes = lowered.sizes
+    updates = []
+    for param in lowered.binding.params:
+        if param not in held:
+            continue
+        st, slot = held[param]
+        block = zero_block(slot.layout, tuple(opt.shard_axes))
+        dtype = st.graph.inputs[st.graph.input_index(param)].type.dtype
+        graph = optim.update_graph(config, TensorType(block.local_shape(sizes), dtype))
+        updates.append(ParamUpdate(param, slot.layout, block, config.states, graph))
+    return OptimizerStep(opt.kind, tuple(opt.hyper), tuple(opt.shard_axes), tuple(updates),
+                         source_of(opt.origin))
+
+
+# -- lineages and claims ------------------------------------------------------------------------
+
+
+def claimed_layout(claim: Layout, derived: TLayout, sizes: Mapping[str, int]) -> TLayout:
+    """A layout statement as a ``TLayout`` over the dimensions of the value it is about
+    (``derived``): the claimed axes per dimension, the microbatch pseudo-axis where the value
+    is per-microbatch, ``partial`` from the claim's ``Partial`` placements."""
+    dims = []
+    for d, dim in enumerate(derived.dims):
+        size = 1
+        for f in dim:
+            size *= f.size
+        axes = tuple(a for a in claim.axes_of_dim(d)
+                     if a != PIPELINE_AXIS and sizes.get(a, 1) > 1)
+        if any(MICROBATCH_AXIS in f.axes for f in dim):
+            axes += (MICROBATCH_AXIS,)
+        dims.append((Factor(size, axes),))
+    partial = None
+    if claim.partial_axes:
+        op = next(p.op for _, p in claim.placements if isinstance(p, Partial))
+        partial = (op, tuple(claim.partial_axes))
+    return TLayout(tuple(dims), partial)
+
+
+def _lineages(lowered: Lowered) -> tuple[Lineage, ...]:
+    out = []
+    for point, lay in lowered.lineages.items():
+        statements = lowered.binding.collectives_at(point)
+        origin = source_of(statements[-1].origin) if statements else Source(None)
+        out.append(Lineage(point, lay, origin))
+    return tuple(out)
+
+
+def _claims(lowered: Lowered, final: Mapping[str, TLayout]) -> tuple[Claim, ...]:
+    binding, sizes = lowered.binding, lowered.sizes
+    out = []
+    for point, claims in binding.claims.items():
+        derived = lowered.lineages.get(point)
+        if derived is None:
+            continue
+        for c in claims:
+            out.append(Claim(point, claimed_layout(c.layout, derived, sizes),
+                             source_of(c.layout.origins[-1])))
+    for param, layout in binding.grad_claims.items():
+        derived = final.get(param)
+        if derived is not None:
+            out.append(Claim(f"grad({param})", claimed_layout(layout, derived, sizes),
+                             source_of(layout.origins[-1])))
+    return tuple(out)
+
+
+# -- the program -----------------------------------------------------------------------------------
+
+
+def parallel_program(lowered: Lowered, graphs: list[Graph] | None = None) -> ParallelProgram:
+    """The whole training step of a lowered plan. Raises ``LoweringError`` for statements
+    that have no meaning in it (never drops one)."""
+    plan = lowered.plan
+    graphs = graphs or [stage_joint(lowered, st) for st in lowered.stages]
+    stages = tuple(_stage(lowered, st, g) for st, g in zip(lowered.stages, graphs, strict=True))
+    mesh = lowered.mesh_axes
+    pipeline = PIPELINE_AXIS if PIPELINE_AXIS in dict(mesh) else None
+    params = {s.spec: s.layout for st in stages for s in st.inputs if s.kind == "param"}
+    param_layouts = tuple((p, params[p]) for p in lowered.binding.params if p in params)
+    loss = LossReduction(tuple(sorted(lowered.binding.data_axes())),
+                         _span_source(lowered.binding.loss_span()))
+    program = ParallelProgram(
+        plan.name or "", mesh, pipeline, plan.microbatches, plan.schedule or "1f1b",
+        plan.loss_scale, stages, _transfers(lowered), _grad_syncs(lowered),
+        _optimizer(lowered, stages), loss, _lineages(lowered), (), param_layouts)
+    return replace(program, claims=_claims(lowered, program.final_grad_layouts()))

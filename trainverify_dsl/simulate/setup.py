@@ -53,7 +53,6 @@ def prepare(path: str | Path, *, shrink: bool = True, real: bool = True) -> Simu
         raise SimulationSetupError([], f"{path}: a simulated plan needs a `spec` line and a "
                                        "`mesh`")
     from trainverify_dsl.simulate.shrink import NOT_CONFIG
-
     from trainverify_dsl.spec.optim import RECIPE_KEYS
 
     settings = {k: _plain(v) for k, v in plan.spec.settings

@@ -1,0 +1,187 @@
+"""The parallel program (``ir/parallel.py``): the whole training step as IR data.
+
+- ``ir/`` imports no torch and no project package but the span vocabulary;
+- the program of every small shipped plan verifies, and its canonical text (stage graphs left
+  out) is golden (``tests/golden/parallel/``; regenerate with
+  ``python tests/test_parallel_program.py --update`` and review the diff);
+- the verifier catches broken programs (a missing transfer, a reduction over the pipeline axis
+  of a parameter one stage holds, an update at the wrong shape);
+- the reference step's optimizer is the spec line's: a plan whose optimizer differs is a
+  finding at its `optimizer` line, a plan with no recipe on its spec line cannot agree;
+- claims on `grad(...)` and `loss` are checked on values (docs/semantics.md §2.4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+GOLDEN = ROOT / "tests" / "golden" / "parallel"
+SMALL = ("mlp_tiny_dp", "llama_tiny_tp", "deepseek_tiny_pp")
+
+IMPORT_PURITY = """
+import sys, pkgutil, importlib
+import trainverify_dsl.ir as ir
+for m in pkgutil.iter_modules(ir.__path__):
+    importlib.import_module(f"trainverify_dsl.ir.{m.name}")
+bad = sorted(n for n in sys.modules if n == "torch" or n.startswith("torch.") or (
+    n.startswith("trainverify_dsl.") and not n.startswith(("trainverify_dsl.ir",
+    "trainverify_dsl.report.span"))))
+bad = [n for n in bad if n not in ("trainverify_dsl.report",)]
+print(",".join(bad))
+"""
+
+
+def test_ir_imports_no_torch_and_no_later_stage() -> None:
+    done = subprocess.run([sys.executable, "-c", IMPORT_PURITY], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "", f"ir/ pulls in {done.stdout.strip()}"
+
+
+def _program(name: str):  # noqa: ANN202 - test helper
+    from trainverify_dsl.lower.lowering import lower
+    from trainverify_dsl.lower.program import parallel_program
+    from trainverify_dsl.simulate.setup import prepare
+
+    setup = prepare(ROOT / "plans" / f"{name}.tvp")
+    return parallel_program(lower(setup.plan, setup.fake_model, setup.fake_inputs))
+
+
+@pytest.fixture(scope="module")
+def programs() -> dict:
+    return {name: _program(name) for name in SMALL}
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_program_verifies_and_matches_golden(programs: dict, name: str) -> None:
+    from trainverify_dsl.ir.parallel import format_parallel, parallel_problems
+
+    program = programs[name]
+    assert parallel_problems(program) == []
+    text = format_parallel(program, graphs=False)
+    assert (GOLDEN / f"{name}.txt").read_text() == text
+
+
+def test_golden_text_is_deterministic(programs: dict) -> None:
+    from trainverify_dsl.ir.parallel import format_parallel
+
+    again = _program("mlp_tiny_dp")
+    assert format_parallel(again) == format_parallel(programs["mlp_tiny_dp"])
+
+
+def test_verifier_finds_a_missing_transfer(programs: dict) -> None:
+    from trainverify_dsl.ir.parallel import parallel_problems
+
+    program = programs["deepseek_tiny_pp"]
+    assert program.transfers, "the pipeline plan has transfers"
+    broken = dataclasses.replace(program, transfers=program.transfers[1:])
+    assert any("has no transfer" in p for p in parallel_problems(broken))
+
+
+def test_verifier_finds_a_reduction_over_pp_of_a_one_stage_parameter(programs: dict) -> None:
+    from trainverify_dsl.ir.parallel import GradSync, Source, parallel_problems
+
+    program = programs["deepseek_tiny_pp"]
+    param = next(p for p, _ in program.param_layouts if len(program.holders(p)) == 1)
+    sync = GradSync("all_reduce", ("pp",), "sum", 0, (param,), Source(None))
+    broken = dataclasses.replace(program, grad_syncs=program.grad_syncs + (sync,))
+    assert any("reduced over pp" in p for p in parallel_problems(broken))
+
+
+def test_verifier_finds_an_update_at_the_wrong_shape(programs: dict) -> None:
+    from trainverify_dsl.ir.parallel import parallel_problems
+
+    program = programs["llama_tiny_tp"]
+    opt = program.optimizer
+    other = next(u for u in opt.updates if u.graph != opt.updates[0].graph)
+    wrong = dataclasses.replace(opt.updates[0], graph=other.graph)
+    broken = dataclasses.replace(program, optimizer=dataclasses.replace(
+        opt, updates=(wrong,) + opt.updates[1:]))
+    assert any("is not the block's" in p for p in parallel_problems(broken))
+
+
+# -- the reference step and claims, through `tvp simulate` ------------------------------------
+
+MLP = """plan t
+spec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1{recipe}
+mesh dp=2
+microbatches 2
+loss-scale 1/microbatches
+split x [dp, -]
+split target [dp, -]
+all-reduce grad(params) over dp op=avg
+{extra}
+"""
+
+
+def _simulate(tmp_path: Path, recipe: str, extra: str):  # noqa: ANN202 - test helper
+    from trainverify_dsl.simulate import simulate_file
+
+    path = tmp_path / "t.tvp"
+    path.write_text(MLP.format(recipe=recipe, extra=extra))
+    return simulate_file(path)
+
+
+def test_matching_recipe_agrees(tmp_path: Path) -> None:
+    result = _simulate(tmp_path, " optimizer sgd lr 0.1", "optimizer sgd lr=0.1")
+    assert result.agrees
+
+
+def test_a_different_learning_rate_is_found_at_the_optimizer_line(tmp_path: Path) -> None:
+    result = _simulate(tmp_path, " optimizer sgd lr 0.1", "optimizer sgd lr=0.2")
+    assert not result.agrees
+    recipe = [m for m in result.mismatches if m.check == "optimizer recipe"]
+    assert recipe and recipe[0].span is not None and recipe[0].span.line == 9
+    assert any(m.check == "updates" for m in result.mismatches)
+
+
+def test_a_plan_optimizer_without_a_spec_recipe_cannot_agree(tmp_path: Path) -> None:
+    result = _simulate(tmp_path, "", "optimizer sgd lr=0.1")
+    assert not result.agrees
+    assert any("states no optimizer" in m.detail for m in result.mismatches)
+
+
+def test_a_spec_recipe_without_a_plan_optimizer_cannot_agree(tmp_path: Path) -> None:
+    result = _simulate(tmp_path, " optimizer sgd lr 0.1", "")
+    assert not result.agrees
+    assert any("no `optimizer` statement" in m.detail for m in result.mismatches)
+
+
+def test_a_malformed_recipe_is_a_diagnostic_at_the_spec_line(tmp_path: Path) -> None:
+    from trainverify_dsl.simulate.setup import SimulationSetupError
+
+    with pytest.raises(SimulationSetupError) as error:
+        _simulate(tmp_path, " optimizer sgd betas (0.9, 0.95)", "optimizer sgd lr=0.1")
+    [diagnostic] = error.value.diagnostics
+    assert diagnostic.code.id == "TVP311" and diagnostic.span.line == 2
+
+
+@pytest.mark.parametrize(("claim", "holds"), [
+    ("replicate grad(fc1.weight) over dp", True),       # all-reduced: every copy complete
+    ("partial grad(fc1.weight) over dp op=sum", False),  # the copies' sum is 2x the spec's
+    ("partial loss over dp op=avg", True),               # §4.6
+    ("replicate loss over dp", False),                   # each rank holds its block's loss
+])
+def test_claims_on_gradients_and_loss_are_checked(tmp_path: Path, claim: str,
+                                                   holds: bool) -> None:
+    result = _simulate(tmp_path, " optimizer sgd lr 0.1", f"optimizer sgd lr=0.1\n{claim}")
+    assert result.agrees is holds, result.mismatches[:3]
+    if not holds:
+        assert any(m.check == "claims" and m.span.line == 10 for m in result.mismatches)
+
+
+if __name__ == "__main__" and "--update" in sys.argv:
+    from trainverify_dsl.ir.parallel import format_parallel
+
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    for plan in SMALL:
+        (GOLDEN / f"{plan}.txt").write_text(format_parallel(_program(plan), graphs=False))
+        print(f"wrote {GOLDEN / plan}.txt")

@@ -6,8 +6,8 @@
   ``python tests/test_parallel_program.py --update`` and review the diff);
 - the verifier catches broken programs (a missing transfer, a reduction over the pipeline axis
   of a parameter one stage holds, an update at the wrong shape);
-- the reference step's optimizer is the spec line's: a plan whose optimizer differs is a
-  finding at its `optimizer` line, a plan with no recipe on its spec line cannot agree;
+- the reference step's optimizer is the plan's `spec-optimizer`: a plan whose optimizer differs is a
+  finding at its `optimizer` line, a plan with no `spec-optimizer` cannot agree;
 - claims on `grad(...)` and `loss` are checked on values (docs/semantics.md §2.4).
 """
 
@@ -111,7 +111,8 @@ def test_verifier_finds_an_update_at_the_wrong_shape(programs: dict) -> None:
 # -- the reference step and claims, through `tvp simulate` ------------------------------------
 
 MLP = """plan t
-spec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1{recipe}
+spec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1
+{recipe}
 mesh dp=2
 microbatches 2
 loss-scale 1/microbatches
@@ -131,37 +132,38 @@ def _simulate(tmp_path: Path, recipe: str, extra: str):  # noqa: ANN202 - test h
 
 
 def test_matching_recipe_agrees(tmp_path: Path) -> None:
-    result = _simulate(tmp_path, " optimizer sgd lr 0.1", "optimizer sgd lr=0.1")
+    result = _simulate(tmp_path, "spec-optimizer sgd lr=0.1", "optimizer sgd lr=0.1")
     assert result.agrees
 
 
 def test_a_different_learning_rate_is_found_at_the_optimizer_line(tmp_path: Path) -> None:
-    result = _simulate(tmp_path, " optimizer sgd lr 0.1", "optimizer sgd lr=0.2")
+    result = _simulate(tmp_path, "spec-optimizer sgd lr=0.1", "optimizer sgd lr=0.2")
     assert not result.agrees
     recipe = [m for m in result.mismatches if m.check == "optimizer recipe"]
-    assert recipe and recipe[0].span is not None and recipe[0].span.line == 9
+    assert recipe and recipe[0].span is not None and recipe[0].span.line == 10
     assert any(m.check == "updates" for m in result.mismatches)
 
 
 def test_a_plan_optimizer_without_a_spec_recipe_cannot_agree(tmp_path: Path) -> None:
     result = _simulate(tmp_path, "", "optimizer sgd lr=0.1")
     assert not result.agrees
-    assert any("states no optimizer" in m.detail for m in result.mismatches)
+    assert any("no `spec-optimizer`" in m.detail for m in result.mismatches)
 
 
 def test_a_spec_recipe_without_a_plan_optimizer_cannot_agree(tmp_path: Path) -> None:
-    result = _simulate(tmp_path, " optimizer sgd lr 0.1", "")
+    result = _simulate(tmp_path, "spec-optimizer sgd lr=0.1", "")
     assert not result.agrees
     assert any("no `optimizer` statement" in m.detail for m in result.mismatches)
 
 
-def test_a_malformed_recipe_is_a_diagnostic_at_the_spec_line(tmp_path: Path) -> None:
-    from trainverify_dsl.simulate.setup import SimulationSetupError
+def test_a_malformed_recipe_is_a_lint_diagnostic_at_its_line(tmp_path: Path) -> None:
+    from trainverify_dsl.plan import resolve_file
 
-    with pytest.raises(SimulationSetupError) as error:
-        _simulate(tmp_path, " optimizer sgd betas (0.9, 0.95)", "optimizer sgd lr=0.1")
-    [diagnostic] = error.value.diagnostics
-    assert diagnostic.code.id == "TVP311" and diagnostic.span.line == 2
+    path = tmp_path / "t.tvp"
+    path.write_text(MLP.format(recipe="spec-optimizer sgd betas=(0.9, 0.95)",
+                               extra="optimizer sgd lr=0.1"))
+    found = {(d.code.name, d.span.line) for d in resolve_file(path).diagnostics}
+    assert ("unknown-hyperparameter", 3) in found and ("missing-hyperparameter", 3) in found
 
 
 @pytest.mark.parametrize(("claim", "holds"), [
@@ -172,10 +174,10 @@ def test_a_malformed_recipe_is_a_diagnostic_at_the_spec_line(tmp_path: Path) -> 
 ])
 def test_claims_on_gradients_and_loss_are_checked(tmp_path: Path, claim: str,
                                                    holds: bool) -> None:
-    result = _simulate(tmp_path, " optimizer sgd lr 0.1", f"optimizer sgd lr=0.1\n{claim}")
+    result = _simulate(tmp_path, "spec-optimizer sgd lr=0.1", f"optimizer sgd lr=0.1\n{claim}")
     assert result.agrees is holds, result.mismatches[:3]
     if not holds:
-        assert any(m.check == "claims" and m.span.line == 10 for m in result.mismatches)
+        assert any(m.check == "claims" and m.span.line == 11 for m in result.mismatches)
 
 
 if __name__ == "__main__" and "--update" in sys.argv:

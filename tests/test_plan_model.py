@@ -134,7 +134,7 @@ def test_plan_to_dict_is_json_with_stable_keys() -> None:
     assert result.plan.stage_of("norm.weight") is None
     assert set(data) == {"name", "file", "files", "spec", "mesh", "microbatches", "schedule",
                          "loss_scale", "layouts", "collectives", "sends", "stages",
-                         "optimizer", "clip_grad_norm", "algorithms"}
+                         "optimizer", "spec_optimizer", "clip_grad_norm", "algorithms"}
 
 
 def test_layout_lookup_helpers() -> None:

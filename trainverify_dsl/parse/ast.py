@@ -322,6 +322,16 @@ class PipelineStageStmt:
 
 
 @dataclass(frozen=True, slots=True)
+class SpecOptimizerDecl:
+    """``spec-optimizer adamw lr=3e-4 betas=(0.9, 0.95) weight-decay=0.1``: the reference
+    step's optimizer (the single-device script's recipe), checked against ``optimizer``."""
+
+    kind: Ident
+    options: tuple[Option, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
 class OptimizerDecl:
     """``optimizer adamw lr=3e-4 betas=(0.9, 0.95) weight-decay=0.1 shard over dp``.
 
@@ -395,7 +405,7 @@ class ForStmt:
 Statement = (
     PlanHeader | SpecDecl | MeshDecl | MicrobatchesDecl | LossScaleDecl | UseDecl
     | SplitStmt | ReplicateStmt | PartialStmt | PlaceStmt | CollectiveStmt | SendStmt
-    | PipelineStageStmt | OptimizerDecl | ClipGradNormDecl | AlgorithmStmt
+    | PipelineStageStmt | OptimizerDecl | SpecOptimizerDecl | ClipGradNormDecl | AlgorithmStmt
     | TemplateDef | ApplyStmt | ForStmt
 )
 

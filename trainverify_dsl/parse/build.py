@@ -265,6 +265,10 @@ class AstBuilder:
         shard = rest.pop().axes if rest and isinstance(rest[-1], _Shard) else ()
         return ast.OptimizerDecl(kind, tuple(rest), shard, self.span(raw))
 
+    def spec_optimizer_decl(self, raw, children) -> ast.SpecOptimizerDecl:
+        kind, *rest = children
+        return ast.SpecOptimizerDecl(kind, tuple(rest), self.span(raw))
+
     def shard(self, raw, children) -> _Shard:
         return _Shard(children[0].axes, self.span(raw))
 

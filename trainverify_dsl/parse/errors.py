@@ -177,7 +177,8 @@ EXAMPLES: tuple[SyntaxExample, ...] = (
 _STATEMENT_KEYWORDS = (
     "plan", "spec", "mesh", "microbatches", "loss-scale", "use", "split", "replicate",
     "partial", "place", "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "copy",
-    "scatter", "send", "pipeline-stage", "optimizer", "clip-grad-norm", "algorithm",
+    "scatter", "send", "pipeline-stage", "optimizer", "spec-optimizer", "clip-grad-norm",
+    "algorithm",
     "template", "apply", "for",
 )
 

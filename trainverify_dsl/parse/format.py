@@ -225,6 +225,10 @@ def _pipeline_stage_stmt(s: ast.PipelineStageStmt) -> str:
     return f"pipeline-stage {expr_text(s.index)}: {members}"
 
 
+def _spec_optimizer_decl(s: ast.SpecOptimizerDecl) -> str:
+    return f"spec-optimizer {s.kind.name}{_options(s.options)}"
+
+
 def _optimizer_decl(s: ast.OptimizerDecl) -> str:
     shard = f" shard{_over(s.shard_axes)}" if s.shard_axes else ""
     return f"optimizer {s.kind.name}{_options(s.options)}{shard}"
@@ -265,6 +269,7 @@ _STATEMENT_PRINTERS = {
     ast.PartialStmt: _partial_stmt, ast.PlaceStmt: _place_stmt,
     ast.CollectiveStmt: _collective_stmt, ast.SendStmt: _send_stmt,
     ast.PipelineStageStmt: _pipeline_stage_stmt, ast.OptimizerDecl: _optimizer_decl,
+    ast.SpecOptimizerDecl: _spec_optimizer_decl,
     ast.ClipGradNormDecl: _clip_grad_norm_decl, ast.AlgorithmStmt: _algorithm_stmt,
     ast.TemplateDef: _template_def, ast.ApplyStmt: _apply_stmt, ast.ForStmt: _for_stmt,
 }

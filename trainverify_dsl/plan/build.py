@@ -40,10 +40,12 @@ from trainverify_dsl.report.diagnostics import Collector
 from trainverify_dsl.report.span import Span
 
 _HEADER_TYPES = (ast.PlanHeader, ast.SpecDecl, ast.MeshDecl, ast.MicrobatchesDecl,
-                 ast.LossScaleDecl, ast.OptimizerDecl, ast.ClipGradNormDecl)
+                 ast.LossScaleDecl, ast.OptimizerDecl, ast.SpecOptimizerDecl,
+                 ast.ClipGradNormDecl)
 _HEADER_WORDS = {ast.PlanHeader: "plan", ast.SpecDecl: "spec", ast.MeshDecl: "mesh",
                  ast.MicrobatchesDecl: "microbatches", ast.LossScaleDecl: "loss-scale",
-                 ast.OptimizerDecl: "optimizer", ast.ClipGradNormDecl: "clip-grad-norm"}
+                 ast.OptimizerDecl: "optimizer", ast.SpecOptimizerDecl: "spec-optimizer",
+                 ast.ClipGradNormDecl: "clip-grad-norm"}
 #: The most devices a mesh may have (rank numbers are int64 everywhere); also keeps every
 #: group size and divisor computed from the mesh small enough to print.
 MAX_DEVICES = 2**63 - 1
@@ -86,6 +88,7 @@ class Builder:
             microbatches=microbatches, schedule=schedule, loss_scale=loss_scale,
             layouts=layouts, collectives=tuple(parts.collectives), sends=tuple(parts.sends),
             stages=tuple(parts.stages), optimizer=self._optimizer(),
+            spec_optimizer=self._optimizer(ast.SpecOptimizerDecl),
             clip_grad_norm=self._clip(), algorithms=tuple(parts.algorithms),
             files=tuple(self.files))
 
@@ -417,8 +420,9 @@ class Builder:
 
     # ------------------------------------------------------------ optimizer
 
-    def _optimizer(self) -> Optimizer | None:
-        stmt, origin = self._header(ast.OptimizerDecl)
+    def _optimizer(self, statement: type = ast.OptimizerDecl) -> Optimizer | None:
+        """The plan's ``optimizer`` or (``statement=SpecOptimizerDecl``) the spec's recipe."""
+        stmt, origin = self._header(statement)
         if stmt is None:
             return None
         kind = stmt.kind.name
@@ -428,7 +432,8 @@ class Builder:
                 Origin(stmt.kind.span, origin.trail)))
             return None
         hyper = self._hyper(stmt, kind, origin)
-        shard = self._axes(stmt.shard_axes, origin, f"optimizer {kind} shard")
+        shard_axes = getattr(stmt, "shard_axes", ())
+        shard = self._axes(shard_axes, origin, f"optimizer {kind} shard") if shard_axes else ()
         return Optimizer(kind, hyper, shard, origin)
 
     def _hyper(self, stmt: ast.OptimizerDecl, kind: str, origin: Origin):
@@ -501,6 +506,7 @@ def _options_of(stmt: ast.Statement) -> tuple[ast.Option, ...]:
         case ast.SpecDecl():
             return stmt.settings
         case (ast.PartialStmt() | ast.CollectiveStmt() | ast.OptimizerDecl()
+              | ast.SpecOptimizerDecl()
               | ast.ClipGradNormDecl() | ast.AlgorithmStmt()):
             return stmt.options
     return ()

@@ -26,6 +26,7 @@ from trainverify_dsl.plan.model import (
     TensorPattern,
 )
 from trainverify_dsl.plan.overlap import find_overlap_conflicts
+from trainverify_dsl.plan.recipe import recipe_problems
 from trainverify_dsl.report import codes_plan as codes
 from trainverify_dsl.report.diagnostics import Collector, Diagnostic
 
@@ -47,6 +48,7 @@ def check_plan(plan: Plan, collector: Collector, project_root: Path) -> None:
         collector.add(diagnostic)
     if n_layers is not None:
         collector.extend(find_layers_out_of_range(plan, n_layers))
+    collector.extend(recipe_problems(plan))
 
 
 # ---------------------------------------------------------------- layer indices

@@ -445,6 +445,8 @@ class Plan:
     algorithms: tuple[Algorithm, ...]
     #: Every file read, main file first, then ``use``d files in inclusion order.
     files: tuple[str, ...] = ()
+    #: The reference step's optimizer (``spec-optimizer``): what ``optimizer`` implements.
+    spec_optimizer: Optimizer | None = None
 
     def layout_of(self, target: str) -> Layout | None:
         """The layout declared for exactly this pattern (canonical string), if any."""
@@ -528,10 +530,10 @@ def plan_to_dict(plan: Plan) -> dict:
                       "origin": _origin_dict(s.origin)} for s in plan.sends]
     data["stages"] = [{"index": s.index, "members": [str(m) for m in s.members],
                        "origin": _origin_dict(s.origin)} for s in plan.stages]
-    opt = plan.optimizer
-    data["optimizer"] = None if opt is None else {
-        "kind": opt.kind, "hyper": _options_dict(opt.hyper), "shard_axes": list(opt.shard_axes),
-        "origin": _origin_dict(opt.origin)}
+    for key, opt in (("optimizer", plan.optimizer), ("spec_optimizer", plan.spec_optimizer)):
+        data[key] = None if opt is None else {
+            "kind": opt.kind, "hyper": _options_dict(opt.hyper),
+            "shard_axes": list(opt.shard_axes), "origin": _origin_dict(opt.origin)}
     clip = plan.clip_grad_norm
     data["clip_grad_norm"] = None if clip is None else {
         "max_norm": exact(clip.max_norm), "options": _options_dict(clip.options),

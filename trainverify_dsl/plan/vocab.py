@@ -52,6 +52,12 @@ OPTIMIZER_HYPER: dict[str, tuple[str, ...]] = {
     "adamw": ("lr", "betas", "eps", "weight-decay"),
 }
 REQUIRED_HYPER = ("lr",)
+#: torch.optim's defaults of the hyper-parameters a statement may leave out.
+OPTIMIZER_DEFAULTS: dict[str, dict[str, object]] = {
+    "sgd": {"momentum": 0, "weight-decay": 0},
+    "adam": {"betas": (0.9, 0.999), "eps": 1e-8, "weight-decay": 0},
+    "adamw": {"betas": (0.9, 0.999), "eps": 1e-8, "weight-decay": 0.01},
+}
 
 #: Model inputs whose dimensions the spec line fixes: dims are (``batch``, ``seq``).
 INPUT_DIMS: dict[str, tuple[str, ...]] = {"tokens": ("batch", "seq"), "labels": ("batch", "seq")}

@@ -427,6 +427,16 @@ LAYER_OUT_OF_RANGE = _code(
     + "split layers.1.attention.wq.weight [tp, -]\n",
 )
 
+OPTIMIZER_DIFFERS = _code(
+    "TVP280", "optimizer-differs-from-spec", "the plan's optimizer is not the spec's recipe",
+    "The plan's `optimizer` statement names another optimizer, or another value of a "
+    "hyper-parameter (defaults filled in as torch.optim's), than the reference step's "
+    "`spec-optimizer`.",
+    "The parallel step would update the parameters differently from the single-device step "
+    "(a learning rate typed on one side only, AdamW's default weight decay forgotten).",
+    _HEAD + _MESH + "spec-optimizer adamw lr=3e-4\noptimizer adamw lr=3e-5\n",
+    _HEAD + _MESH + "spec-optimizer adamw lr=3e-4\noptimizer adamw lr=3e-4\n",
+)
 CODES: tuple[Code, ...] = (
     MISSING_PLAN_HEADER, PLAN_HEADER_IN_FRAGMENT, REPEATED_HEADER, MISSING_MESH,
     MESH_REDECLARED, INVALID_MESH_SIZE, DUPLICATE_MESH_AXIS, UNKNOWN_MESH_AXIS,
@@ -438,5 +448,5 @@ CODES: tuple[Code, ...] = (
     STAGE_ORDER, STAGE_COVERAGE, INVALID_MICROBATCHES, INVALID_LOSS_SCALE, UNKNOWN_OPTIMIZER,
     UNKNOWN_HYPERPARAMETER, MISSING_HYPERPARAMETER, INVALID_OPTION_VALUE, UNKNOWN_OPTION,
     MISSING_OPTION, INVALID_BACKWARD, UNKNOWN_REDUCE_OP, UNKNOWN_ALGORITHM, UNKNOWN_SCHEDULE,
-    UNKNOWN_MODEL_CONFIG, DUPLICATE_OPTION, LAYER_OUT_OF_RANGE,
+    UNKNOWN_MODEL_CONFIG, DUPLICATE_OPTION, LAYER_OUT_OF_RANGE, OPTIMIZER_DIFFERS,
 )

@@ -97,22 +97,7 @@ BLOCK_REUSE_FALLBACK = Code(
     fix="# model code: for layer in self.layers: x = layer(x)",
 )
 
-SPEC_RECIPE = Code(
-    "TVP311", "bad-spec-recipe", Severity.ERROR,
-    "the spec line's optimizer recipe is malformed",
-    what="The `spec` line states the reference step's optimizer with the keys `optimizer`, "
-         "`lr`, `momentum`, `dampening`, `weight-decay`, `nesterov`, `betas` and `eps`; an "
-         "unknown optimizer, a key that optimizer does not take, a missing `lr` for SGD or a "
-         "hyper-parameter without `optimizer` is an error.",
-    why="The reference step is what the plan's `optimizer` statement is checked against; a "
-        "recipe that cannot be read would leave the update unchecked.",
-    example='spec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1 optimizer sgd '
-            'betas (0.9, 0.95)',
-    fix='spec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1 optimizer sgd lr 0.1',
-)
-
 CODES: tuple[Code, ...] = (
     MODEL_NOT_FOUND, CONFIG_NOT_FOUND, MODEL_LOAD_FAILED, UNSUPPORTED_OP,
     DATA_DEPENDENT_SHAPE, TRACE_FAILED, BAD_INPUT_SPEC, IR_INVALID, BLOCK_REUSE_FALLBACK,
-    SPEC_RECIPE,
 )

@@ -17,23 +17,10 @@ from trainverify_dsl.simulate.run import (
     compare_programs,
     plan_states,
     random_inputs,
-    reference_optimizer,
+    spec_optimizer,
     spec_values_at,
 )
 from trainverify_dsl.simulate.setup import SimulationSetup, SimulationSetupError, prepare
-
-
-def _reference_opt(setup: SimulationSetup) -> Any:
-    from trainverify_dsl.report import codes_spec
-    from trainverify_dsl.report.diagnostics import Diagnostic
-
-    assert setup.plan.spec is not None
-    try:
-        return reference_optimizer(dict(setup.plan.spec.settings))
-    except ValueError as error:
-        span = setup.plan.spec.origin.span
-        raise SimulationSetupError([Diagnostic(codes_spec.SPEC_RECIPE,
-                                               f"spec optimizer: {error}", span)]) from None
 
 
 def simulate_lowered(lowered: Lowered, program: ParallelProgram, reference: Any,
@@ -60,7 +47,7 @@ def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool = True) -> Si
                                        "nothing about it)")
     from trainverify_dsl.spec.trace import trace_training_step
 
-    reference_opt = _reference_opt(setup)
+    reference_opt = spec_optimizer(setup.plan)
     spec = trace_training_step(setup.fake_model, setup.input_specs, reference_opt, reuse=False)
     lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
     program = parallel_program(lowered)

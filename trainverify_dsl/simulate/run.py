@@ -95,23 +95,10 @@ def rel_error(got: np.ndarray, want: np.ndarray, floor: float = 1e-12) -> float:
 # -- random values --------------------------------------------------------------------------
 
 
-def reference_optimizer(settings: Mapping[str, Any]) -> optim.Optimizer | None:
-    """The spec's own optimizer, from the recipe keys of the ``spec`` line
-    (``optimizer adamw lr 3e-4 ...``; ``spec.optim.RECIPE_KEYS``), or ``None``. Raises
-    ``ValueError`` for a malformed recipe."""
-    kind = settings.get("optimizer")
-    hyper = {k: v for k, v in settings.items() if k in optim.RECIPE_KEYS and k != "optimizer"}
-    if kind is None:
-        if hyper:
-            raise ValueError(f"the spec line sets {', '.join(sorted(hyper))} but names no "
-                             "`optimizer`")
-        return None
-    return optim.optimizer_config(str(kind), hyper)
-
-
 def spec_optimizer(plan: Any) -> optim.Optimizer | None:
-    """The reference optimizer of a plan's ``spec`` line (``reference_optimizer``)."""
-    return reference_optimizer(dict(plan.spec.settings)) if plan.spec is not None else None
+    """The reference step's optimizer: the plan's ``spec-optimizer`` recipe, or ``None``."""
+    opt = plan.spec_optimizer
+    return None if opt is None else optim.optimizer_config(opt.kind, dict(opt.hyper))
 
 
 def accumulated_gradients(lowered: Any, values: Mapping[str, np.ndarray]
@@ -362,9 +349,9 @@ def _check_recipe(pair: _Pair) -> None:
         return
     span = opt.origin.span
     if ref is None:
-        pair.fail("optimizer recipe", "optimizer", span, "the spec line states no optimizer, "
-                  "so the plan's update cannot be checked: add the reference recipe to the "
-                  "`spec` line (`optimizer adamw lr 3e-4 ...`)")
+        pair.fail("optimizer recipe", "optimizer", span, "the plan states no `spec-optimizer`, "
+                  "so its update cannot be checked: state the reference step's recipe "
+                  "(`spec-optimizer adamw lr=3e-4 ...`)")
         return
     mine = optim.optimizer_config(opt.kind, dict(opt.hyper))
     if mine != ref:

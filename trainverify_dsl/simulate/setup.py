@@ -53,10 +53,7 @@ def prepare(path: str | Path, *, shrink: bool = True, real: bool = True) -> Simu
         raise SimulationSetupError([], f"{path}: a simulated plan needs a `spec` line and a "
                                        "`mesh`")
     from trainverify_dsl.simulate.shrink import NOT_CONFIG
-    from trainverify_dsl.spec.optim import RECIPE_KEYS
-
-    settings = {k: _plain(v) for k, v in plan.spec.settings
-                if k not in NOT_CONFIG and k not in RECIPE_KEYS}
+    settings = {k: _plain(v) for k, v in plan.spec.settings if k not in NOT_CONFIG}
     overrides, batch, seq = shrunk_sizes(plan, settings) if shrink else ({}, None, None)
     batch = batch or plan.spec.batch or 1
     seq = seq or plan.spec.seq or 1

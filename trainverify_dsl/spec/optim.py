@@ -165,11 +165,6 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "adamw": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight-decay": 0.01},
 }
 
-#: Keys of the ``spec`` line that state the reference step's optimizer (not model settings).
-RECIPE_KEYS = ("optimizer", "lr", "momentum", "dampening", "weight-decay", "nesterov", "betas",
-               "eps")
-
-
 def _number(value: object) -> float:
     if isinstance(value, tuple):
         raise ValueError("expected a number, got a tuple")
@@ -202,11 +197,20 @@ def hyper_values(kind: str, hyper: dict[str, object]) -> dict[str, object]:
     return out
 
 
+#: The step number of the checked update: a steady-state step, where every optimizer state is
+#: read (torch's first SGD step ignores the momentum buffer; with the buffer a free input,
+#: step 2 covers every step's state, docs/semantics.md §6.1).
+CHECKED_STEP = 2
+
+
 def optimizer_config(kind: str, hyper: dict[str, object]) -> Optimizer:
-    """The ``spec.optim`` config of an optimizer named in text (see ``hyper_values``)."""
+    """The ``spec.optim`` config of an optimizer named in text (see ``hyper_values``), at
+    step ``CHECKED_STEP``."""
     v = hyper_values(kind, hyper)
     if kind == "sgd":
         return SGD(lr=v["lr"], momentum=v["momentum"], dampening=v["dampening"],  # type: ignore[arg-type]
-                   weight_decay=v["weight-decay"], nesterov=v["nesterov"])  # type: ignore[arg-type]
+                   weight_decay=v["weight-decay"], nesterov=v["nesterov"],  # type: ignore[arg-type]
+                   step=CHECKED_STEP)
     return Adam(lr=v["lr"], betas=v["betas"], eps=v["eps"],  # type: ignore[arg-type]
-                weight_decay=v["weight-decay"], decoupled=kind == "adamw")  # type: ignore[arg-type]
+                weight_decay=v["weight-decay"], step=CHECKED_STEP,
+                decoupled=kind == "adamw")  # type: ignore[arg-type]

@@ -1,0 +1,58 @@
+"""The plan's optimizer against the reference step's (``spec-optimizer``), before any run.
+
+Every hyper-parameter is compared with the defaults filled in (``vocab.OPTIMIZER_DEFAULTS``,
+torch.optim's), so ``adamw lr=3e-4`` and ``adamw lr=3e-4 weight-decay=0.01`` are the same
+recipe. A difference is an error at the ``optimizer`` line: the simulation would show it as
+different updates, and no proof can hold. An ``optimizer`` with no ``spec-optimizer`` is well
+formed; ``tvp simulate`` refuses to call it agreeing (its update is compared with nothing).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from trainverify_dsl.plan import messages, vocab
+from trainverify_dsl.plan.model import Optimizer, OptionValue, Plan
+from trainverify_dsl.report import codes_plan as codes
+from trainverify_dsl.report.diagnostics import Diagnostic
+
+
+def _exact(value: OptionValue | float) -> object:
+    if isinstance(value, tuple):
+        return tuple(_exact(v) for v in value)
+    return Fraction(value) if isinstance(value, (int, float, Fraction)) else value
+
+
+def filled(opt: Optimizer) -> dict[str, object]:
+    """Every hyper-parameter of ``opt`` with its value, defaults filled in, exact."""
+    values = {k: _exact(v) for k, v in vocab.OPTIMIZER_DEFAULTS.get(opt.kind, {}).items()}
+    values.update({k: _exact(v) for k, v in opt.hyper})
+    return values
+
+
+def _show(value: object) -> str:
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_show(v) for v in value) + ")"
+    if isinstance(value, Fraction):
+        return str(float(value)) if value.denominator != 1 else str(value.numerator)
+    return str(value)
+
+
+def recipe_problems(plan: Plan) -> list[Diagnostic]:
+    mine, ref = plan.optimizer, plan.spec_optimizer
+    if mine is None:
+        return []
+    if ref is None:
+        return []  # no reference: `tvp simulate` reports the update unchecked
+    if mine.kind != ref.kind:
+        return [messages.at(codes.OPTIMIZER_DIFFERS, f"the plan's optimizer is {mine.kind}, the "
+                            f"spec's is {ref.kind}", mine.origin,
+                            related=((ref.origin.report_span, "the spec's optimizer"),))]
+    a, b = filled(mine), filled(ref)
+    differ = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    if not differ:
+        return []
+    what = ", ".join(f"{k}={_show(a.get(k))} (spec: {_show(b.get(k))})" for k in differ)
+    return [messages.at(codes.OPTIMIZER_DIFFERS, f"the plan's {mine.kind} differs from the "
+                        f"spec's: {what}", mine.origin,
+                        related=((ref.origin.report_span, "the spec's optimizer"),))]

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from trainverify_dsl.ir.batched import evaluate_spmd_batched
 from trainverify_dsl.ir.interp import evaluate_graph, evaluate_spmd
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout, take_local
 from trainverify_dsl.ir.mesh import MeshGroups
@@ -44,8 +45,10 @@ class ParallelOutcome:
 
 
 class _Run:
-    def __init__(self, program: ParallelProgram, values: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, program: ParallelProgram, values: Mapping[str, np.ndarray],
+                 batched: bool) -> None:
         self.p, self.values = program, values
+        self.spmd = evaluate_spmd_batched if batched else evaluate_spmd
         self.mesh = MeshGroups(program.mesh)
         self.sizes = program.sizes
         self.stage_ranks = [self._ranks_of(st.index) for st in program.stages]
@@ -137,7 +140,7 @@ class _Run:
                forward: bool) -> None:
         ranks = self.stage_ranks[stage.index]
         feeds = [self._feed(stage, r, m, sends, cotangents) for r in ranks]
-        outs = evaluate_spmd(stage.graph, feeds, self.groups(ranks))
+        outs = self.spmd(stage.graph, feeds, self.groups(ranks))
         kinds = {s.name: s for s in stage.outputs}
         for r, out in zip(ranks, outs, strict=True):
             for name, value in out.items():
@@ -231,8 +234,9 @@ def _block_of(grad: np.ndarray, layout: TLayout, block: TLayout, coords: Mapping
 
 
 def evaluate_parallel(program: ParallelProgram, values: Mapping[str, np.ndarray],
-                      step: bool = True) -> ParallelOutcome:
+                      step: bool = True, batched: bool = True) -> ParallelOutcome:
     """The plan's training step on the global input ``values`` (by spec name); with
     ``step=False`` only the microbatch loop (local losses, accumulated gradients before the
-    gradient statements)."""
-    return _Run(program, values).run(step)
+    gradient statements). ``batched``: every stage graph runs rank-batched
+    (``ir/batched.py``); ``False`` runs it rank by rank (``evaluate_spmd``, the reference)."""
+    return _Run(program, values, batched).run(step)

@@ -53,6 +53,9 @@ class OpDef:
     layout_rule: Callable[..., Any] | None = None
     reduction_class: str | None = None
     min_sizes: tuple[int, ...] | None = None
+    #: How the op runs on all ranks of a stage at once (``ir/batched.py``): ``shared``,
+    #: ``elementwise``, ``dims``, ``view``, ``matmul``, ``collective`` or ``loop``.
+    rank_batch: str = "loop"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,8 +561,15 @@ def _collective_rule(kind: str) -> ShapeRule:
 # The registry
 
 
+#: The rank-batching strategy of each group (``OpDef.rank_batch``); an entry may override it.
+_RANK_BATCH = {"constant": "shared", "elementwise": "elementwise", "reduction": "dims",
+               "contraction": "matmul", "view": "view", "index": "dims", "softmax": "dims",
+               "ordering": "dims", "collective": "collective"}
+
+
 def _op(name: str, group: str, meaning: str, arity: int | None, attrs: tuple[str, ...],
         shape_rule: ShapeRule, evaluate: Evaluate, **extra: Any) -> OpDef:
+    extra.setdefault("rank_batch", _RANK_BATCH[group])
     return OpDef(name, group, meaning, arity, attrs, shape_rule, evaluate, **extra)
 
 
@@ -677,19 +687,20 @@ _ENTRIES: tuple[OpDef, ...] = (
     _op("cat", "index", "concatenate operands along dim", None, ("dim",), _cat,
         lambda args, a: np.concatenate(args, axis=a["dim"])),
     _op("gather", "index", "out[i..] = x[i.. with dim replaced by index[i..]]", 2, ("dim",),
-        _gather, _gather_np),
+        _gather, _gather_np, rank_batch="loop"),
     _op("scatter", "index", "dest with dest[i.. with dim := index[i..]] = src[i..]", 3, ("dim",),
-        _scatter, lambda args, a: _scatter_np(args, a, accumulate=False)),
+        _scatter, lambda args, a: _scatter_np(args, a, accumulate=False), rank_batch="loop"),
     _op("scatter_add", "index", "like scatter, but adds src into dest", 3, ("dim",), _scatter,
-        lambda args, a: _scatter_np(args, a, accumulate=True)),
+        lambda args, a: _scatter_np(args, a, accumulate=True), rank_batch="loop"),
     _op("index", "index", "x[:, ..(skip).., i0, i1, ...]: adjacent integer index tensors", None,
-        ("skip",), _index, lambda args, a: args[0][_index_key(args[1:], a)], min_arity=2),
+        ("skip",), _index, lambda args, a: args[0][_index_key(args[1:], a)], min_arity=2,
+        rank_batch="loop"),
     _op("index_put", "index", "dest with dest[:, ..(skip).., i0, ...] = (+= if accumulate) v",
-        None, ("accumulate", "skip"), _index_put, _index_put_np, min_arity=3),
+        None, ("accumulate", "skip"), _index_put, _index_put_np, min_arity=3, rank_batch="loop"),
     _op("index_select", "index", "rows of x along dim picked by a 1-d index", 2, ("dim",),
-        _index_select, lambda args, a: np.take(args[0], args[1], axis=a["dim"])),
+        _index_select, lambda args, a: np.take(args[0], args[1], axis=a["dim"]), rank_batch="loop"),
     _op("embedding", "index", "weight[indices]: rows of a [num, dim] table", 2, (), _embedding,
-        lambda args, a: args[0][args[1]]),
+        lambda args, a: args[0][args[1]], rank_batch="loop"),
     # -- softmax family and its backward forms (as ATen gives them) -----------------------------
     _op("softmax", "softmax", "exp(x - max) / sum(exp(x - max)) along dim", 1, ("dim",),
         _softmax, lambda args, a: _softmax_np(args[0], a["dim"])),

@@ -1,28 +1,25 @@
 """Run plans as real multi-process ``torch.distributed`` steps and compare with plain torch.
 
-``run_distributed(path)`` (one plan) and ``run_many(paths)`` (several plans sharing one set of
-processes, which saves the interpreter start-up and torch import of every rank for every plan):
+``run_distributed(path)`` (one plan) and ``run_many(paths)`` (several, one after another):
 
-1. in this process: resolve the plan, build its (shrunk) spec model, draw values from the seed
-   and run the single-device reference step (``oracle.reference``: torch autograd and
-   ``torch.optim``, float64); write values and reference as ``.npz``;
-2. spawn one process per rank of the largest mesh (``oracle.worker``); each lowers the plan,
-   joins a gloo world of the plan's size and runs its rank's step (``oracle.rank``), then
-   compares its local pieces with the reference's;
+1. in this process: resolve the plan, build its (shrunk) spec model, lower it, draw values
+   from the seed and run the single-device reference step (``oracle.reference``: torch
+   autograd and ``torch.optim``, float64);
+2. fork one process per rank (``oracle.worker``): each joins a gloo world of the plan's size,
+   runs its rank's step (``oracle.rank``) and compares its local pieces with the reference's;
 3. here: the logical loss (docs/semantics.md §4.6: the mean over data blocks and microbatches,
    every copy over the other axes equal), and every rank's comparisons, in program order.
 
-Processes are killed (by their own ids) on a timeout or failure; nothing is left running.
+Forking (not spawning) is what keeps this cheap: the ranks inherit the lowered programs, so a
+plan is lowered once, not once per rank, and no interpreter starts or imports torch again.
+Rank processes are killed (by their own ids) on a timeout; nothing is left running.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
+import multiprocessing
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -31,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from trainverify_dsl.oracle.mesh import Mesh
 from trainverify_dsl.oracle.rank import OracleError
+from trainverify_dsl.oracle.worker import RankJob, rank_main, rel_error
 
 #: The largest mesh the oracle runs (one process per rank on this machine).
 MAX_RANKS = 8
@@ -63,6 +62,8 @@ class OracleResult:
     error: str | None = None
     #: the plan cannot be lowered (``error`` has the lowering's message)
     lowering_error: bool = False
+    #: the slowest rank's seconds in its distributed step (of ``seconds``)
+    rank_seconds: float = 0.0
 
     @property
     def agrees(self) -> bool:
@@ -86,16 +87,10 @@ class OracleResult:
         return text
 
 
-@dataclass
-class _Prepared:
-    path: Path
-    folder: Path
-    world: int
-    reference: dict[str, np.ndarray]
-    floor: float
-
-
-def _prepare(path: Path, folder: Path, seed: int) -> _Prepared:
+def _prepare(path: Path, folder: Path, seed: int, timeout: float) -> RankJob:
+    """Resolve, build, lower (here, once: the ranks are forked from this process), draw the
+    values and run the reference step. Raises ``LoweringError`` / ``OracleError``."""
+    from trainverify_dsl.lower.lowering import lower
     from trainverify_dsl.oracle.reference import draw_values, reference_step
     from trainverify_dsl.simulate.setup import prepare, resolve_plan
 
@@ -111,123 +106,108 @@ def _prepare(path: Path, folder: Path, seed: int) -> _Prepared:
         raise OracleError(f"{path}: `clip-grad-norm` is not run by the oracle")
     setup = prepare(path)
     assert setup.real_model is not None
+    lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
     values = draw_values(setup.real_model, setup.input_specs, plan.optimizer, seed)
     reference = reference_step(setup.real_model, values, list(setup.input_specs),
                                plan.optimizer)
     folder.mkdir(parents=True)
-    np.savez(folder / "values.npz", **values)
-    np.savez(folder / "reference.npz", **reference)
     magnitude = max((float(np.max(np.abs(v))) for v in reference.values() if v.size), default=1)
-    return _Prepared(path, folder, world, reference, FLOOR * magnitude)
+    return RankJob(lowered, values, reference, folder, seed, FLOOR * magnitude, timeout)
 
 
-def run_distributed(path: str | Path, seed: int = 0, timeout: float = 300.0) -> OracleResult:
+def run_distributed(path: str | Path, seed: int = 0, timeout: float = 120.0) -> OracleResult:
     """One plan. Raises ``LoweringError`` if the plan cannot be lowered, ``OracleError`` if the
-    oracle cannot run it (too many ranks, an unsupported statement)."""
-    result = run_many([path], seed=seed, timeout=timeout)[str(path)]
-    if result.lowering_error:
-        from trainverify_dsl.lower.lowering import lower
-        from trainverify_dsl.simulate.setup import prepare
-
-        setup = prepare(path, real=False)
-        lower(setup.plan, setup.fake_model, setup.fake_inputs)  # raises the LoweringError
+    oracle cannot run it (too many ranks, an unsupported statement, a rank that fails)."""
+    with tempfile.TemporaryDirectory(prefix="tvp-oracle-") as tmp:
+        start = time.perf_counter()
+        job = _prepare(Path(path).resolve(), Path(tmp) / "plan", seed, timeout)
+        result = _run(str(path), job, timeout)
+        result.seconds = time.perf_counter() - start
     if result.error is not None:
         raise OracleError(result.error)
     return result
 
 
-def run_many(paths: list[str | Path], seed: int = 0, timeout: float = 600.0,
-             work_dir: str | Path | None = None) -> dict[str, OracleResult]:
-    """Several plans, one after another, on one set of processes; by plan (as given). A plan
-    that cannot run has ``error`` set; ``timeout`` (seconds) bounds the whole batch."""
-    with tempfile.TemporaryDirectory(prefix="tvp-oracle-", dir=work_dir) as tmp:
-        return _run_many([Path(p) for p in paths], [str(p) for p in paths], seed, timeout,
-                         Path(tmp))
+def run_many(paths: list[str | Path], seed: int = 0, timeout: float = 120.0
+             ) -> dict[str, OracleResult]:
+    """Several plans, one after another; by plan (as given). A plan that cannot be lowered or
+    run is reported (``error``, ``lowering_error``), not raised. ``timeout`` bounds each plan's
+    distributed run (seconds)."""
+    from trainverify_dsl.lower.findings import LoweringError
 
-
-def _run_many(paths: list[Path], keys: list[str], seed: int, timeout: float,
-              tmp: Path) -> dict[str, OracleResult]:
     results: dict[str, OracleResult] = {}
-    prepared: dict[str, _Prepared] = {}
-    started: dict[str, float] = {}
-    for i, (path, key) in enumerate(zip(paths, keys, strict=True)):
-        started[key] = time.perf_counter()
-        try:
-            prepared[key] = _prepare(path.resolve(), tmp / f"plan{i}", seed)
-        except Exception as error:  # a plan that does not even build: reported, not raised
-            results[key] = OracleResult(key, 0, error=f"{type(error).__name__}: {error}")
-    if prepared:
-        logs = _spawn_and_wait(list(prepared.values()), seed, timeout, tmp)
-        for key, prep in prepared.items():
-            results[key] = _collect(key, prep, logs)
-            results[key].seconds = time.perf_counter() - started[key]
-    return {key: results[key] for key in keys}
+    with tempfile.TemporaryDirectory(prefix="tvp-oracle-") as tmp:
+        for i, path in enumerate(paths):
+            key = str(path)
+            start = time.perf_counter()
+            try:
+                job = _prepare(Path(path).resolve(), Path(tmp) / f"plan{i}", seed, timeout)
+            except LoweringError as error:
+                results[key] = OracleResult(key, 0, error=f"LoweringError: {error}",
+                                            lowering_error=True)
+            except OracleError as error:
+                results[key] = OracleResult(key, 0, error=str(error))
+            else:
+                results[key] = _run(key, job, timeout)
+            results[key].seconds = time.perf_counter() - start
+    return results
 
 
-def _spawn_and_wait(plans: list[_Prepared], seed: int, timeout: float, tmp: Path) -> str:
-    """Run the workers; the tail of their logs (for a failure message)."""
-    gloo_timeout = max(30.0, timeout / 2)
-    job = {"plans": [{"path": str(p.path), "dir": str(p.folder), "world": p.world,
-                      "seed": seed, "floor": p.floor, "timeout": gloo_timeout}
-                     for p in plans]}
-    (tmp / "job.json").write_text(json.dumps(job))
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(x for x in (str(root), os.environ.get("PYTHONPATH"))
-                                          if x))
-    procs: list[subprocess.Popen[bytes]] = []
-    log_files = []
+def _run(key: str, job: RankJob, timeout: float) -> OracleResult:
+    """Fork one process per rank, wait (at most ``timeout`` seconds), collect."""
+    context = multiprocessing.get_context("fork")
+    world = Mesh(job.lowered.mesh_axes).world_size
+    procs = [context.Process(target=rank_main, args=(job, rank), name=f"tvp-oracle-rank{rank}",
+                             daemon=True) for rank in range(world)]
     try:
-        for rank in range(max(p.world for p in plans)):
-            log = open(tmp / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below
-            log_files.append(log)
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "trainverify_dsl.oracle.worker", str(tmp / "job.json"),
-                 str(rank)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True))
+        for proc in procs:
+            proc.start()
         deadline = time.monotonic() + timeout
         for proc in procs:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass  # the plans without results are reported as timed out
+            proc.join(max(0.1, deadline - time.monotonic()))
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for log in log_files:
-            log.close()
-    tails = []
-    for rank, proc in enumerate(procs):
-        if proc.returncode:
-            text = (tmp / f"rank{rank}.log").read_text(errors="replace")[-1500:]
-            tails.append(f"rank {rank} exited with {proc.returncode}:\n{text}")
-    return "\n".join(tails)
+        for proc in procs:  # only our own processes, by their ids
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    return _collect(key, job, world, timeout)
 
 
-def _collect(key: str, prep: _Prepared, logs: str) -> OracleResult:
-    result = OracleResult(key, prep.world)
+def _collect(key: str, job: RankJob, world: int, timeout: float) -> OracleResult:
+    result = OracleResult(key, world)
     ranks: list[dict[str, Any]] = []
-    for rank in range(prep.world):
-        done, failed = prep.folder / f"rank{rank}.json", prep.folder / f"rank{rank}.error.json"
+    reported: list[tuple[int, str, str]] = []
+    killed: list[int] = []
+    for rank in range(world):
+        done = job.folder / f"rank{rank}.json"
+        failed = job.folder / f"rank{rank}.error.json"
         if failed.exists():
             report = json.loads(failed.read_text())
-            result.error = f"rank {rank}: {report['kind']}: {report['message']}"
-            result.lowering_error = bool(report["lowering"])
-            if not result.lowering_error:
-                result.error += "\n" + report["traceback"][-2000:]
-            return result
-        if not done.exists():
-            result.error = f"rank {rank} gave no result (timed out or crashed)\n{logs}"
-            return result
-        ranks.append(json.loads(done.read_text()))
-    _compare(result, prep, ranks)
+            reported.append((rank, f"{report['kind']}: {report['message']}",
+                             report["traceback"]))
+        elif done.exists():
+            ranks.append(json.loads(done.read_text()))
+        else:
+            killed.append(rank)
+    if reported or killed:
+        # the root cause first: a rank's own error, not the timeouts it caused on the ranks
+        # waiting for it, nor the ranks killed while they waited
+        causes = [e for e in reported if "imeout" not in e[1] and "timed out" not in e[1]]
+        if causes or reported:
+            rank, message, trace = (causes or reported)[0]
+            result.error = f"rank {rank}: {message}\n{trace[-2000:]}".rstrip()
+        else:
+            result.error = (f"ranks {', '.join(map(str, killed))}: no result within "
+                            f"{timeout:.0f} s (killed)")
+        return result
+    _compare(result, job, ranks)
+    result.rank_seconds = max(r["seconds"] for r in ranks)
     return result
 
 
-def _compare(result: OracleResult, prep: _Prepared, ranks: list[dict[str, Any]]) -> None:
+def _compare(result: OracleResult, job: RankJob, ranks: list[dict[str, Any]]) -> None:
     found: list[tuple[int, int, Difference]] = []
-    order = {name: i for i, name in enumerate(prep.reference)}
+    order = {name: i for i, name in enumerate(job.reference)}
     worst = 0.0
     compared = 0
 
@@ -238,8 +218,6 @@ def _compare(result: OracleResult, prep: _Prepared, ranks: list[dict[str, Any]])
         if not err < TOLERANCE:
             found.append((order.get(name, -1), rank, Difference(name, rank, err)))
 
-    from trainverify_dsl.oracle.worker import rel_error
-
     copies: dict[tuple[Any, ...], list[tuple[int, float]]] = {}
     for data in ranks:
         for m, (block, value) in enumerate(data["losses"]):
@@ -247,15 +225,15 @@ def _compare(result: OracleResult, prep: _Prepared, ranks: list[dict[str, Any]])
     for items in copies.values():
         for rank, value in items[1:]:
             record("loss (copy)", rank, rel_error(np.array(value), np.array(items[0][1]),
-                                                  prep.floor))
+                                                  job.floor))
     plan_loss = np.mean([items[0][1] for items in copies.values()]) if copies else math.nan
-    record("loss", -1, rel_error(np.array(plan_loss), prep.reference["loss"], prep.floor))
+    record("loss", -1, rel_error(np.array(plan_loss), job.reference["loss"], job.floor))
     held = set()
     for data in ranks:
         for name, err in data["checks"]:
             held.add(name)
             record(name, data["rank"], err)
-    for name in prep.reference:
+    for name in job.reference:
         if name != "loss" and name not in held:
             found.append((order[name], -1, Difference(f"{name} (no rank holds it)", -1,
                                                       math.inf)))

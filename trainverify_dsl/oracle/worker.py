@@ -1,28 +1,26 @@
-"""The process of one rank: ``python -m trainverify_dsl.oracle.worker JOB RANK``.
+"""The process of one rank, forked from the oracle's process after it lowered the plan.
 
-``JOB`` is a JSON file written by ``oracle.run`` listing plans; for each plan whose world
-includes ``RANK`` the process lowers the plan itself (no FX graph crosses a process boundary,
-and nothing is unpickled: values and the reference come as ``.npz`` without pickle), joins a
-fresh gloo world for it, runs its rank's step (``oracle.rank``), compares its pieces with the
-reference, and writes ``rank<RANK>.json`` (or ``rank<RANK>.error.json``) in the plan's folder.
+Forking hands every rank the parent's lowered stage programs, values and reference without
+serialising anything (no pickle, no FX graph crossing a process boundary) and without lowering
+the plan once per rank. The rank joins a fresh gloo world for the plan (a ``FileStore`` in the
+plan's folder), runs its step (``oracle.rank``), compares its local pieces with the reference
+and writes ``rank<RANK>.json`` (or ``rank<RANK>.error.json``) in the plan's folder.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-import sys
 import time
 import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-def _load(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
+from trainverify_dsl.lower.lowering import Lowered
 
 
 def rel_error(got: np.ndarray, want: np.ndarray, floor: float) -> float:
@@ -37,65 +35,55 @@ def rel_error(got: np.ndarray, want: np.ndarray, floor: float) -> float:
     return diff / scale if np.isfinite(diff) else float("inf")
 
 
-def run_plan(job: dict[str, Any], rank: int) -> dict[str, Any]:
+@dataclass
+class RankJob:
+    lowered: Lowered
+    values: Mapping[str, np.ndarray]
+    reference: Mapping[str, np.ndarray]
+    folder: Path
+    seed: int
+    floor: float
+    #: seconds any rank waits for the others in a collective before giving up
+    timeout: float
+
+
+def run_rank_job(job: RankJob, rank: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     from trainverify_dsl.lower.layout import take_local
-    from trainverify_dsl.lower.lowering import lower
     from trainverify_dsl.oracle.comm import World
     from trainverify_dsl.oracle.mesh import Mesh
     from trainverify_dsl.oracle.rank import axes_lists, run_rank
-    from trainverify_dsl.simulate.setup import prepare
 
-    folder = Path(job["dir"])
     start = time.perf_counter()
-    setup = prepare(job["path"], real=False)
-    lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
-    values = _load(folder / "values.npz")
-    reference = _load(folder / "reference.npz")
-    mesh = Mesh(lowered.mesh_axes)
-    lowered_at = time.perf_counter()
-    dist.init_process_group("gloo", init_method=f"file://{folder / 'store'}", rank=rank,
+    mesh = Mesh(job.lowered.mesh_axes)
+    dist.init_process_group("gloo", init_method=f"file://{job.folder / 'store'}", rank=rank,
                             world_size=mesh.world_size,
-                            timeout=datetime.timedelta(seconds=job["timeout"]))
+                            timeout=datetime.timedelta(seconds=job.timeout))
     try:
-        world = World(mesh, axes_lists(lowered))
-        output = run_rank(lowered, values, world, job["seed"])
+        world = World(mesh, axes_lists(job.lowered))
+        output = run_rank(job.lowered, job.values, world, job.seed)
         dist.barrier()
     finally:
         dist.destroy_process_group()
     coords = mesh.coords(rank)
     checks = []
     for name, (piece, layout) in output.pieces.items():
-        want = take_local(reference[name], layout, coords, lowered.sizes)
-        checks.append([name, rel_error(piece, want, job["floor"])])
-    return {"rank": rank, "stage": coords.get("pp", 0), "losses": output.losses,
-            "checks": checks, "lower_seconds": lowered_at - start,
-            "step_seconds": time.perf_counter() - lowered_at}
+        want = take_local(job.reference[name], layout, coords, job.lowered.sizes)
+        checks.append([name, rel_error(piece, want, job.floor)])
+    return {"rank": rank, "losses": output.losses, "checks": checks,
+            "seconds": time.perf_counter() - start}
 
 
-def main(argv: list[str]) -> int:
+def rank_main(job: RankJob, rank: int) -> None:
+    """Entry point of a forked rank process: never raises, always leaves a report."""
     import torch
 
     torch.set_num_threads(1)
-    job_path, rank = Path(argv[0]), int(argv[1])
-    plans = json.loads(job_path.read_text())["plans"]
-    for job in plans:
-        if rank >= job["world"]:
-            continue
-        folder = Path(job["dir"])
-        try:
-            result = run_plan(job, rank)
-            (folder / f"rank{rank}.json").write_text(json.dumps(result))
-        except Exception as error:  # reported by the parent; on to the next plan
-            from trainverify_dsl.lower.findings import LoweringError
-
-            report = {"rank": rank, "kind": type(error).__name__,
-                      "lowering": isinstance(error, LoweringError),
-                      "message": str(error), "traceback": traceback.format_exc()}
-            (folder / f"rank{rank}.error.json").write_text(json.dumps(report))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        result = run_rank_job(job, rank)
+        (job.folder / f"rank{rank}.json").write_text(json.dumps(result))
+    except BaseException as error:  # noqa: B036 - reported to the parent through the file
+        report = {"rank": rank, "kind": type(error).__name__, "message": str(error),
+                  "traceback": traceback.format_exc()}
+        (job.folder / f"rank{rank}.error.json").write_text(json.dumps(report))

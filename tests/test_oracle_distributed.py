@@ -210,3 +210,10 @@ def _fail_on_rank_1(job: Any, rank: int) -> dict[str, Any]:
         raise ValueError("boom")
     time.sleep(600)
     return {}
+
+
+def test_cli_refuses_a_larger_mesh(capsys: pytest.CaptureFixture[str]) -> None:
+    from trainverify_dsl.cli.main import main
+
+    assert main(["run-distributed", str(ROOT / "plans" / "gpt2_3d.tvp")]) == 2
+    assert "at most 8" in capsys.readouterr().err

@@ -226,3 +226,15 @@ def test_cli_refuses_a_larger_mesh(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["run-distributed", str(ROOT / "plans" / "gpt2_3d.tvp")]) == 2
     assert "at most 8" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_project_collectives_agree_with_torch_distributed() -> None:
+    """The project's own ``tvp.collective`` over its gloo ``DistCommunicator`` (an all-gather,
+    then its own arithmetic) gives the single-device result too, on a plan with all-gathers
+    and reduce-scatters (sequence parallel) and one with all-to-alls (expert parallel)."""
+    paths = ["plans/llama_tiny_sp.tvp", "plans/deepseek_tiny_ep.tvp"]
+    results = run_many([ROOT / p for p in paths], timeout=TIMEOUT, collectives="project")
+    for result in results.values():
+        _assert_ran(result)
+        assert result.max_rel_error < TOL, result.summary()

@@ -83,13 +83,16 @@ def source_of(lowered: Lowered, stage: int, slot: Slot) -> str | None:
 
 class RankStep:
     def __init__(self, lowered: Lowered, values: Mapping[str, np.ndarray], world: World,
-                 seed: int) -> None:
+                 seed: int, project_comm: Any = None) -> None:
         self.lw, self.values, self.world, self.seed = lowered, values, world, seed
         self.sizes = lowered.sizes
         self.coords = world.mesh.coords(world.rank)
         self.stage = self.coords.get("pp", 0)
         self.program = lowered.stages[self.stage]
         self.runner = StageRunner(self.program.gm, world)
+        #: a ``lower.collectives.DistCommunicator``: run the project's own ``tvp.collective``
+        #: (its arithmetic over a gloo all-gather) instead of ``DistCollective``
+        self.project_comm = project_comm
         self.bounds = Boundaries.of(lowered)
         self.scale = float(lowered.plan.loss_scale)
         self.params: dict[str, Tensor] = {}
@@ -108,8 +111,20 @@ class RankStep:
     # -- one microbatch -----------------------------------------------------------------
 
     def microbatch(self, m: int) -> None:
+        if self.project_comm is None:
+            self._microbatch(m)
+            return
+        from trainverify_dsl.lower.collectives import use_communicator
+
+        with use_communicator(self.project_comm):  # the backward's collectives need it too
+            self._microbatch(m)
+
+    def _microbatch(self, m: int) -> None:
         args, received = self._inputs(m)
-        results = self.runner.run(*args)
+        if self.project_comm is None:
+            results = self.runner.run(*args)
+        else:
+            results = self.program.gm(*args)
         results = results if isinstance(results, (tuple, list)) else (results,)
         roots: list[Tensor] = []
         cotangents: list[Tensor] = []
@@ -271,9 +286,19 @@ def _tensor(value: np.ndarray) -> Tensor:
 
 
 def run_rank(lowered: Lowered, values: Mapping[str, np.ndarray], world: World,
-             seed: int) -> RankOutput:
-    """This rank's whole step (every rank of the world must call it)."""
-    step = RankStep(lowered, values, world, seed)
+             seed: int, collectives: str = "torch") -> RankOutput:
+    """This rank's whole step (every rank of the world must call it). ``collectives``:
+    ``"torch"`` runs each collective as one ``torch.distributed`` call (``DistCollective``);
+    ``"project"`` runs the project's own ``tvp.collective`` over its ``DistCommunicator``, to
+    check that path against the first."""
+    comm = None
+    if collectives == "project":
+        from trainverify_dsl.lower.collectives import DistCommunicator
+
+        comm = DistCommunicator(lowered.mesh_axes, sorted(axes_lists(lowered)))
+    elif collectives != "torch":
+        raise ValueError(f"collectives must be 'torch' or 'project', not {collectives!r}")
+    step = RankStep(lowered, values, world, seed, comm)
     for m in range(lowered.sizes[MICROBATCH_AXIS]):
         step.microbatch(m)
     return step.finish()

@@ -128,11 +128,13 @@ def run_distributed(path: str | Path, seed: int = 0, timeout: float = 120.0) -> 
     return result
 
 
-def run_many(paths: list[str | Path], seed: int = 0, timeout: float = 120.0
-             ) -> dict[str, OracleResult]:
+def run_many(paths: list[str | Path], seed: int = 0, timeout: float = 120.0,
+             collectives: str = "torch") -> dict[str, OracleResult]:
     """Several plans, one after another; by plan (as given). A plan that cannot be lowered or
     run is reported (``error``, ``lowering_error``), not raised. ``timeout`` bounds each plan's
-    distributed run (seconds)."""
+    distributed run (seconds). ``collectives="project"`` runs the project's own
+    ``tvp.collective`` (``lower.collectives.DistCommunicator``) instead of one
+    ``torch.distributed`` call per collective: a check of that path."""
     from trainverify_dsl.lower.findings import LoweringError
 
     results: dict[str, OracleResult] = {}
@@ -142,6 +144,7 @@ def run_many(paths: list[str | Path], seed: int = 0, timeout: float = 120.0
             start = time.perf_counter()
             try:
                 job = _prepare(Path(path).resolve(), Path(tmp) / f"plan{i}", seed, timeout)
+                job.collectives = collectives
             except LoweringError as error:
                 results[key] = OracleResult(key, 0, error=f"LoweringError: {error}",
                                             lowering_error=True)

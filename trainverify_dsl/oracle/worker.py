@@ -45,6 +45,9 @@ class RankJob:
     floor: float
     #: seconds any rank waits for the others in a collective before giving up
     timeout: float
+    #: ``"torch"`` (each collective one torch.distributed call) or ``"project"`` (the
+    #: project's ``tvp.collective`` over its DistCommunicator)
+    collectives: str = "torch"
 
 
 def run_rank_job(job: RankJob, rank: int) -> dict[str, Any]:
@@ -62,7 +65,7 @@ def run_rank_job(job: RankJob, rank: int) -> dict[str, Any]:
                             timeout=datetime.timedelta(seconds=job.timeout))
     try:
         world = World(mesh, axes_lists(job.lowered))
-        output = run_rank(job.lowered, job.values, world, job.seed)
+        output = run_rank(job.lowered, job.values, world, job.seed, job.collectives)
         dist.barrier()
     finally:
         dist.destroy_process_group()

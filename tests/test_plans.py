@@ -9,6 +9,7 @@ device), and every bug plan names its faulty line and differs from its correct t
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 from functools import cache
 from pathlib import Path
 
@@ -215,13 +216,16 @@ def model_paths(model: str, config: str) -> frozenset[str]:
 
 
 @cache
-def build_model(model: str, config: str):
+def build_model(model: str, config: str, settings: tuple = ()):
+    """The spec model on the meta device; ``settings`` are the spec line's config overrides."""
     torch = pytest.importorskip("torch")
     from stdlib.models.common import read_configs
 
     file, cls_name = model.split(":")
     module = __import__(file.removesuffix(".py").replace("/", "."), fromlist=[cls_name])
     overrides = {"max_seq_len": 16} if "max_seq_len" in read_configs()[config] else {}
+    overrides |= {key: int(value) if isinstance(value, Fraction) else value
+                  for key, value in settings if key not in ("config", "batch", "seq")}
     with torch.device("meta"):
         return getattr(module, cls_name).from_config_name(config, **overrides)
 
@@ -365,7 +369,7 @@ def zero_problems(plan: Plan) -> list[str]:
     if plan.optimizer is None or not plan.optimizer.shard_axes:
         return []
     shard = plan.optimizer.shard_axes
-    spec = build_model(plan.spec.model, plan.spec.config)
+    spec = build_model(plan.spec.model, plan.spec.config, plan.spec.settings)
     problems = []
     for name, parameter in spec.named_parameters():
         layouts = plan.layouts_for(name)

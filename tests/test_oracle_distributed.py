@@ -1,0 +1,240 @@
+"""The distributed oracle (``trainverify_dsl.oracle``): every small plan run as a real
+multi-process ``torch.distributed`` (gloo) training step agrees with the single-device torch
+step (torch.autograd + torch.optim, float64, not the project's IR), and every bug plan with at
+most 8 ranks differs from it (or, for two of them, cannot be lowered at all).
+
+The tolerance is written here as a literal, not imported: the tests fail if the implementation
+loosens its own. A plan whose loss scale is perturbed by a relative 1e-6 must differ, in the
+oracle and in ``tvp simulate``. Rank processes that hang or fail are killed and reported.
+
+Plans are run in module-scoped batches (``run_many``) so the imports are paid once; each
+plan's distributed run is bounded by the oracle's ``timeout`` (its ranks are killed then), so
+no test can hang. The bug plans beyond a fast set of four are marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainverify_dsl.oracle import OracleError, OracleResult, run_distributed, run_many
+
+ROOT = Path(__file__).resolve().parent.parent
+#: agreement: a relative error below this (a literal, on purpose)
+TOL = 1e-9
+#: seconds a plan's distributed run may take before its ranks are killed
+TIMEOUT = 120
+
+CORRECT = ["plans/mlp_tiny_dp.tvp", "plans/llama_tiny_tp.tvp", "plans/llama_tiny_sp.tvp",
+           "plans/llama_tiny_cp.tvp", "plans/deepseek_tiny_ep.tvp", "plans/deepseek_tiny_pp.tvp",
+           "plans/deepseek_tiny_tp.tvp", "plans/mlp_dp_tp.tvp", "plans/mlp_tiny_zero.tvp"]
+#: bug plans checked in the fast run: gradient accumulation, ZeRO-1 blocks, a pipeline send,
+#: a collective's stated backward
+FAST_BUGS = ["plans/bugs/loss_not_scaled.tvp", "plans/bugs/zero_reduce_scatter_order.tvp",
+             "plans/bugs/send_wrong_stage.tvp", "plans/bugs/backward_allreduce.tvp"]
+#: the first tensor that differs, in program order (loss, then per parameter its gradient,
+#: update and states): what each bug breaks first. The ZeRO bug's gradients are right in the
+#: layout its reduce-scatter gives them; only the update that reads the wrong block is wrong.
+FIRST_DIFFERENCE = {
+    "plans/bugs/loss_not_scaled.tvp": "grad(fc1.weight)",
+    "plans/bugs/zero_reduce_scatter_order.tvp": "new(fc1.weight)",
+    "plans/bugs/send_wrong_stage.tvp": "loss",
+    "plans/bugs/backward_allreduce.tvp": "grad(embed.weight)",
+}
+#: bug plans that no local program exists for (docs/lowering.md: TVP403 layout-mismatch)
+NOT_LOWERABLE = ["plans/bugs/allgather_instead_of_allreduce.tvp",
+                 "plans/bugs/rope_not_offset.tvp"]
+ALL_BUGS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "plans" / "bugs").glob("*.tvp"))
+SLOW_BUGS = [p for p in ALL_BUGS if p not in FAST_BUGS and p not in NOT_LOWERABLE]
+
+
+def _id(path: str) -> str:
+    return Path(path).stem
+
+
+def _run(paths: list[str]) -> dict[str, OracleResult]:
+    results = run_many([str(ROOT / p) for p in paths], timeout=TIMEOUT)
+    return {p: results[str(ROOT / p)] for p in paths}
+
+
+@pytest.fixture(scope="module")
+def correct() -> dict[str, OracleResult]:
+    return _run(CORRECT)
+
+
+@pytest.fixture(scope="module")
+def fast_bugs() -> dict[str, OracleResult]:
+    return _run(FAST_BUGS + NOT_LOWERABLE)
+
+
+@pytest.fixture(scope="module")
+def slow_bugs() -> dict[str, OracleResult]:
+    return _run(SLOW_BUGS)
+
+
+def _assert_ran(result: OracleResult) -> None:
+    assert result.error is None, result.error
+    assert result.compared > 0
+
+
+# ---------------------------------------------------------------- correct plans agree
+
+
+@pytest.mark.parametrize("path", CORRECT, ids=_id)
+def test_correct_plan_agrees_with_single_device_torch(path: str,
+                                                      correct: dict[str, OracleResult]) -> None:
+    result = correct[path]
+    _assert_ran(result)
+    assert result.max_rel_error < TOL, result.summary()
+    assert result.agrees and result.first is None, result.summary()
+
+
+def test_correct_plans_compare_every_final_output(correct: dict[str, OracleResult]) -> None:
+    """Loss, a gradient and an updated parameter per parameter on every rank holding it, and
+    AdamW's two moments under ZeRO-1: mlp_tiny_zero has 4 parameters on 4 ranks (4 gradients,
+    4 parameters, 8 moments each) plus the loss and its 3 copies."""
+    assert correct["plans/mlp_tiny_zero.tvp"].compared == 4 * 4 * 4 + 1
+    # mlp_tiny_dp: 4 parameters on 2 ranks (gradient, new parameter; SGD keeps no state),
+    # one loss copy per data block and microbatch, the loss
+    assert correct["plans/mlp_tiny_dp.tvp"].compared == 4 * 2 * 2 + 1
+
+
+# ---------------------------------------------------------------- bug plans differ
+
+
+@pytest.mark.parametrize("path", FAST_BUGS, ids=_id)
+def test_bug_plan_differs(path: str, fast_bugs: dict[str, OracleResult]) -> None:
+    result = fast_bugs[path]
+    _assert_ran(result)
+    assert not result.agrees, result.summary()
+    assert result.max_rel_error > 1e-3, result.summary()
+    assert result.first is not None and result.first.tensor == FIRST_DIFFERENCE[path]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", SLOW_BUGS, ids=_id)
+def test_bug_plan_differs_slow(path: str, slow_bugs: dict[str, OracleResult]) -> None:
+    result = slow_bugs[path]
+    _assert_ran(result)
+    assert not result.agrees, result.summary()
+    assert result.max_rel_error > 1e-3, result.summary()
+
+
+@pytest.mark.parametrize("path", NOT_LOWERABLE, ids=_id)
+def test_bug_plan_cannot_be_lowered(path: str, fast_bugs: dict[str, OracleResult]) -> None:
+    result = fast_bugs[path]
+    assert result.lowering_error, result.summary()
+    assert result.error is not None and result.error.startswith("LoweringError")
+
+
+def test_every_bug_plan_is_covered() -> None:
+    """Every bug plan is in one list above, and all fit in 8 ranks."""
+    from trainverify_dsl.simulate.setup import resolve_plan
+
+    assert sorted(FAST_BUGS + SLOW_BUGS + NOT_LOWERABLE) == ALL_BUGS
+    for path in ALL_BUGS:
+        mesh = resolve_plan(ROOT / path).mesh
+        assert mesh is not None and mesh.total_devices <= 8
+
+
+def test_unlowerable_plan_raises_lowering_error() -> None:
+    from trainverify_dsl.lower.findings import LoweringError
+
+    with pytest.raises(LoweringError, match="split over cp"):
+        run_distributed(ROOT / "plans/bugs/rope_not_offset.tvp", timeout=TIMEOUT)
+
+
+# ---------------------------------------------------------------- the tolerance is a property
+
+
+def _perturbed(tmp_path: Path) -> Path:
+    """mlp_tiny_dp with its loss scale (hence every gradient) larger by a relative 1e-6."""
+    text = (ROOT / "plans" / "mlp_tiny_dp.tvp").read_text()
+    assert "loss-scale 1/microbatches\n" in text
+    path = tmp_path / "perturbed.tvp"
+    path.write_text(text.replace("loss-scale 1/microbatches\n",
+                                 "loss-scale 1.000001/microbatches\n"))
+    return path
+
+
+def test_oracle_tells_a_relative_1e6_perturbation(tmp_path: Path) -> None:
+    result = run_distributed(_perturbed(tmp_path), timeout=TIMEOUT)
+    assert 5e-7 < result.max_rel_error < 2e-6, result.summary()
+    assert not result.agrees
+    assert result.first is not None and result.first.tensor.startswith("grad(")
+
+
+def test_simulate_tells_a_relative_1e6_perturbation(tmp_path: Path) -> None:
+    """The same property for ``tvp simulate`` (its tolerance, too, is not taken on trust)."""
+    from trainverify_dsl.simulate.api import simulate_file
+
+    result = simulate_file(_perturbed(tmp_path))
+    assert 5e-7 < result.max_rel_error < 2e-6
+    assert not result.agrees
+
+
+# ---------------------------------------------------------------- limits and clean-up
+
+
+def test_larger_mesh_is_refused_with_a_message() -> None:
+    with pytest.raises(OracleError, match=r"16 ranks.*at most 8"):
+        run_distributed(ROOT / "plans" / "gpt2_3d.tvp")
+
+
+def test_hanging_ranks_are_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank that never finishes is killed at the timeout, and reported; no process is
+    left behind."""
+    import trainverify_dsl.oracle.run as oracle_run
+
+    monkeypatch.setattr(oracle_run, "rank_main", _sleep_forever)
+    start = time.monotonic()
+    result = run_many([ROOT / "plans" / "mlp_tiny_dp.tvp"], timeout=3)
+    (only,) = result.values()
+    assert only.error is not None and "killed" in only.error
+    assert time.monotonic() - start < 60
+    assert multiprocessing.active_children() == []
+
+
+def test_failing_rank_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The root cause is reported, not the timeout of the rank left waiting for it."""
+    import trainverify_dsl.oracle.worker as worker
+
+    monkeypatch.setattr(worker, "run_rank_job", _fail_on_rank_1)
+    result = run_many([ROOT / "plans" / "mlp_tiny_dp.tvp"], timeout=3)
+    (only,) = result.values()
+    assert only.error is not None and only.error.startswith("rank 1: ValueError: boom")
+    assert multiprocessing.active_children() == []
+
+
+def _sleep_forever(job: Any, rank: int) -> None:
+    time.sleep(600)
+
+
+def _fail_on_rank_1(job: Any, rank: int) -> dict[str, Any]:
+    if rank == 1:
+        raise ValueError("boom")
+    time.sleep(600)
+    return {}
+
+
+def test_cli_refuses_a_larger_mesh(capsys: pytest.CaptureFixture[str]) -> None:
+    from trainverify_dsl.cli.main import main
+
+    assert main(["run-distributed", str(ROOT / "plans" / "gpt2_3d.tvp")]) == 2
+    assert "at most 8" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_project_collectives_agree_with_torch_distributed() -> None:
+    """The project's own ``tvp.collective`` over its gloo ``DistCommunicator`` (an all-gather,
+    then its own arithmetic) gives the single-device result too, on a plan with all-gathers
+    and reduce-scatters (sequence parallel) and one with all-to-alls (expert parallel)."""
+    paths = ["plans/llama_tiny_sp.tvp", "plans/deepseek_tiny_ep.tvp"]
+    results = run_many([ROOT / p for p in paths], timeout=TIMEOUT, collectives="project")
+    for result in results.values():
+        _assert_ran(result)
+        assert result.max_rel_error < TOL, result.summary()

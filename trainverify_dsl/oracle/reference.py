@@ -1,0 +1,113 @@
+"""The single-device reference: the plan's spec model in float64, one step of plain torch.
+
+The oracle draws its own values (parameters, optimizer states, inputs) from a seed, runs the
+spec model eagerly with ``torch.autograd`` on the whole batch, and steps ``torch.optim`` on it.
+Nothing here goes through the project's tracer, IR or interpreter.
+
+Names of the values: parameters and buffers by their module path, model inputs by name,
+optimizer states ``<torch state name>(<param>)`` (``exp_avg(fc1.weight)``); the reference's
+outputs ``loss``, ``grad(<param>)``, ``new(<param>)``, ``new(<state>(<param>))``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainverify_dsl.plan.model import Optimizer
+
+#: torch.optim's state tensors per optimizer kind (SGD without momentum keeps none; with
+#: momentum its first step creates the buffer from the gradient, so none is drawn either).
+STATES = {"sgd": (), "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq")}
+
+
+def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dtype]],
+                optimizer: Optimizer | None, seed: int) -> dict[str, np.ndarray]:
+    """Parameters ~ N(0, 0.5²), Adam's first moment ~ N(0, 0.1²) and second moment
+    ~ U(0.01, 0.1) (positive), real inputs ~ N(0, 1), integer inputs (token ids) uniform in the
+    vocabulary (the first embedding table's rows), buffers as the model built them."""
+    rng = np.random.default_rng(seed)
+    values: dict[str, np.ndarray] = {}
+    for name, p in model.named_parameters():
+        values[name] = rng.normal(0.0, 0.5, size=tuple(p.shape))
+    for name, b in model.named_buffers():
+        values[name] = b.detach().double().numpy() if b.is_floating_point() \
+            else b.detach().numpy()
+    vocab = next((m.num_embeddings for m in model.modules()
+                  if isinstance(m, torch.nn.Embedding)), 2)
+    for name, (shape, dtype) in inputs.items():
+        if dtype.is_floating_point:
+            values[name] = rng.normal(0.0, 1.0, size=tuple(shape))
+        else:
+            values[name] = rng.integers(0, vocab, size=tuple(shape))
+    for state in STATES[optimizer.kind] if optimizer else ():
+        for name, p in model.named_parameters():
+            if state == "exp_avg":
+                values[f"{state}({name})"] = rng.normal(0.0, 0.1, size=tuple(p.shape))
+            else:
+                values[f"{state}({name})"] = rng.uniform(0.01, 0.1, size=tuple(p.shape))
+    return values
+
+
+def make_optimizer(params: Iterable[torch.Tensor], optimizer: Optimizer
+                   ) -> torch.optim.Optimizer:
+    """The plan's ``optimizer`` statement as a ``torch.optim`` optimizer (single-tensor
+    implementation: ``foreach=False``)."""
+    def option(name: str, default: float) -> float:
+        value = optimizer.get(name)
+        return default if value is None else float(value)  # type: ignore[arg-type]
+
+    params = list(params)
+    if optimizer.kind == "sgd":
+        return torch.optim.SGD(params, lr=option("lr", 1e-3), momentum=option("momentum", 0.0),
+                               weight_decay=option("weight-decay", 0.0), foreach=False)
+    betas = optimizer.get("betas")
+    pair = (float(betas[0]), float(betas[1])) if betas else (0.9, 0.999)  # type: ignore[index]
+    kind = torch.optim.Adam if optimizer.kind == "adam" else torch.optim.AdamW
+    decay = option("weight-decay", 0.0 if optimizer.kind == "adam" else 0.01)
+    return kind(params, lr=option("lr", 1e-3), betas=pair, eps=option("eps", 1e-8),
+                weight_decay=decay, foreach=False)
+
+
+def seed_states(opt: torch.optim.Optimizer, states: Mapping[torch.Tensor, Mapping[str, Any]]
+                ) -> None:
+    """Start ``opt`` from the given states (as after ``load_state_dict``): step 0, so the step
+    taken is step 1 with these moments."""
+    for param, named in states.items():
+        if named:
+            opt.state[param] = {"step": torch.tensor(0.0),
+                                **{k: torch.as_tensor(v).clone() for k, v in named.items()}}
+
+
+def reference_step(model: torch.nn.Module, values: Mapping[str, np.ndarray],
+                   input_names: list[str], optimizer: Optimizer | None
+                   ) -> dict[str, np.ndarray]:
+    """One training step of the spec model on one device, float64."""
+    net = copy.deepcopy(model).double()
+    with torch.no_grad():
+        for name, tensor in [*net.named_parameters(), *net.named_buffers()]:
+            tensor.copy_(torch.from_numpy(np.asarray(values[name])))
+    args = [torch.from_numpy(np.asarray(values[n])) for n in input_names]
+    loss = net(*args)
+    loss.backward()
+    named = dict(net.named_parameters())
+    out = {"loss": loss.detach().numpy().copy()}
+    for name, p in named.items():
+        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        p.grad = grad
+        out[f"grad({name})"] = grad.numpy().copy()
+    if optimizer is not None:
+        opt = make_optimizer(named.values(), optimizer)
+        kinds = STATES[optimizer.kind]
+        seed_states(opt, {p: {k: torch.from_numpy(values[f"{k}({n})"]) for k in kinds}
+                          for n, p in named.items()})
+        opt.step()
+        for name, p in named.items():
+            out[f"new({name})"] = p.detach().numpy().copy()
+            for k in kinds:
+                out[f"new({k}({name}))"] = opt.state[p][k].numpy().copy()
+    return out

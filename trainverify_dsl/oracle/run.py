@@ -1,0 +1,246 @@
+"""Run plans as real multi-process ``torch.distributed`` steps and compare with plain torch.
+
+``run_distributed(path)`` (one plan) and ``run_many(paths)`` (several, one after another):
+
+1. in this process: resolve the plan, build its (shrunk) spec model, lower it, draw values
+   from the seed and run the single-device reference step (``oracle.reference``: torch
+   autograd and ``torch.optim``, float64);
+2. fork one process per rank (``oracle.worker``): each joins a gloo world of the plan's size,
+   runs its rank's step (``oracle.rank``) and compares its local pieces with the reference's;
+3. here: the logical loss (docs/semantics.md §4.6: the mean over data blocks and microbatches,
+   every copy over the other axes equal), and every rank's comparisons, in program order.
+
+Forking (not spawning) is what keeps this cheap: the ranks inherit the lowered programs, so a
+plan is lowered once, not once per rank, and no interpreter starts or imports torch again.
+Rank processes are killed (by their own ids) on a timeout; nothing is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainverify_dsl.oracle.mesh import Mesh
+from trainverify_dsl.oracle.rank import OracleError
+from trainverify_dsl.oracle.worker import RankJob, rank_main, rel_error
+
+#: The largest mesh the oracle runs (one process per rank on this machine).
+MAX_RANKS = 8
+#: A tensor is compared relative to its largest entry, but never relative to less than this
+#: fraction of the largest expected value of the whole step (a gradient that is zero in real
+#: arithmetic is round-off on both sides).
+FLOOR = 1e-6
+#: Relative error below which the distributed step agrees with the reference.
+TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Difference:
+    tensor: str
+    rank: int
+    rel_error: float
+
+
+@dataclass
+class OracleResult:
+    plan: str
+    ranks: int
+    max_rel_error: float = math.inf
+    compared: int = 0
+    #: every tensor (and rank) whose relative error is not below TOLERANCE, in program order
+    differences: list[Difference] = field(default_factory=list)
+    seconds: float = 0.0
+    #: why the plan did not run (``None`` if it ran)
+    error: str | None = None
+    #: the plan cannot be lowered (``error`` has the lowering's message)
+    lowering_error: bool = False
+    #: the slowest rank's seconds in its distributed step (of ``seconds``)
+    rank_seconds: float = 0.0
+
+    @property
+    def agrees(self) -> bool:
+        return self.error is None and not self.differences and self.max_rel_error < TOLERANCE
+
+    @property
+    def first(self) -> Difference | None:
+        return self.differences[0] if self.differences else None
+
+    def summary(self) -> str:
+        if self.error is not None:
+            return f"{self.plan}: not run: {self.error}"
+        verdict = "agrees" if self.agrees else "differs"
+        text = (f"{self.plan}: {verdict} with single-device torch: max relative error "
+                f"{self.max_rel_error:.3g} over {self.compared} tensors on {self.ranks} ranks "
+                f"({self.seconds:.1f} s)")
+        if self.first is not None:
+            f = self.first
+            where = "" if f.rank < 0 else f" on rank {f.rank}"
+            text += f"; first difference: {f.tensor}{where} (relative error {f.rel_error:.3g})"
+        return text
+
+
+def _prepare(path: Path, folder: Path, seed: int, timeout: float) -> RankJob:
+    """Resolve, build, lower (here, once: the ranks are forked from this process), draw the
+    values and run the reference step. Raises ``LoweringError`` / ``OracleError``."""
+    from trainverify_dsl.lower.lowering import lower
+    from trainverify_dsl.oracle.reference import draw_values, reference_step
+    from trainverify_dsl.simulate.setup import prepare, resolve_plan
+
+    plan = resolve_plan(path)
+    if plan.mesh is None:
+        raise OracleError(f"{path}: the plan has no mesh")
+    world = math.prod(a.size for a in plan.mesh.axes)
+    if world > MAX_RANKS:
+        raise OracleError(f"{path}: the mesh has {world} ranks; the distributed oracle runs "
+                          f"one process per rank and takes at most {MAX_RANKS} (use `tvp "
+                          "simulate` for larger meshes)")
+    if plan.clip_grad_norm is not None:
+        raise OracleError(f"{path}: `clip-grad-norm` is not run by the oracle")
+    setup = prepare(path)
+    assert setup.real_model is not None
+    lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
+    values = draw_values(setup.real_model, setup.input_specs, plan.optimizer, seed)
+    reference = reference_step(setup.real_model, values, list(setup.input_specs),
+                               plan.optimizer)
+    folder.mkdir(parents=True)
+    magnitude = max((float(np.max(np.abs(v))) for v in reference.values() if v.size), default=1)
+    return RankJob(lowered, values, reference, folder, seed, FLOOR * magnitude, timeout)
+
+
+def run_distributed(path: str | Path, seed: int = 0, timeout: float = 120.0) -> OracleResult:
+    """One plan. Raises ``LoweringError`` if the plan cannot be lowered, ``OracleError`` if the
+    oracle cannot run it (too many ranks, an unsupported statement, a rank that fails)."""
+    with tempfile.TemporaryDirectory(prefix="tvp-oracle-") as tmp:
+        start = time.perf_counter()
+        job = _prepare(Path(path).resolve(), Path(tmp) / "plan", seed, timeout)
+        result = _run(str(path), job, timeout)
+        result.seconds = time.perf_counter() - start
+    if result.error is not None:
+        raise OracleError(result.error)
+    return result
+
+
+def run_many(paths: list[str | Path], seed: int = 0, timeout: float = 120.0,
+             collectives: str = "torch") -> dict[str, OracleResult]:
+    """Several plans, one after another; by plan (as given). A plan that cannot be lowered or
+    run is reported (``error``, ``lowering_error``), not raised. ``timeout`` bounds each plan's
+    distributed run (seconds). ``collectives="project"`` runs the project's own
+    ``tvp.collective`` (``lower.collectives.DistCommunicator``) instead of one
+    ``torch.distributed`` call per collective: a check of that path."""
+    from trainverify_dsl.lower.findings import LoweringError
+
+    results: dict[str, OracleResult] = {}
+    with tempfile.TemporaryDirectory(prefix="tvp-oracle-") as tmp:
+        for i, path in enumerate(paths):
+            key = str(path)
+            start = time.perf_counter()
+            try:
+                job = _prepare(Path(path).resolve(), Path(tmp) / f"plan{i}", seed, timeout)
+                job.collectives = collectives
+            except LoweringError as error:
+                results[key] = OracleResult(key, 0, error=f"LoweringError: {error}",
+                                            lowering_error=True)
+            except OracleError as error:
+                results[key] = OracleResult(key, 0, error=str(error))
+            else:
+                results[key] = _run(key, job, timeout)
+            results[key].seconds = time.perf_counter() - start
+    return results
+
+
+def _run(key: str, job: RankJob, timeout: float) -> OracleResult:
+    """Fork one process per rank, wait (at most ``timeout`` seconds), collect."""
+    context = multiprocessing.get_context("fork")
+    world = Mesh(job.lowered.mesh_axes).world_size
+    procs = [context.Process(target=rank_main, args=(job, rank), name=f"tvp-oracle-rank{rank}",
+                             daemon=True) for rank in range(world)]
+    try:
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            proc.join(max(0.1, deadline - time.monotonic()))
+    finally:
+        for proc in procs:  # only our own processes, by their ids
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    return _collect(key, job, world, timeout)
+
+
+def _collect(key: str, job: RankJob, world: int, timeout: float) -> OracleResult:
+    result = OracleResult(key, world)
+    ranks: list[dict[str, Any]] = []
+    reported: list[tuple[int, str, str]] = []
+    killed: list[int] = []
+    for rank in range(world):
+        done = job.folder / f"rank{rank}.json"
+        failed = job.folder / f"rank{rank}.error.json"
+        if failed.exists():
+            report = json.loads(failed.read_text())
+            reported.append((rank, f"{report['kind']}: {report['message']}",
+                             report["traceback"]))
+        elif done.exists():
+            ranks.append(json.loads(done.read_text()))
+        else:
+            killed.append(rank)
+    if reported or killed:
+        # the root cause first: a rank's own error, not the timeouts it caused on the ranks
+        # waiting for it, nor the ranks killed while they waited
+        causes = [e for e in reported if "imeout" not in e[1] and "timed out" not in e[1]]
+        if causes or reported:
+            rank, message, trace = (causes or reported)[0]
+            result.error = f"rank {rank}: {message}\n{trace[-2000:]}".rstrip()
+        else:
+            result.error = (f"ranks {', '.join(map(str, killed))}: no result within "
+                            f"{timeout:.0f} s (killed)")
+        return result
+    _compare(result, job, ranks)
+    result.rank_seconds = max(r["seconds"] for r in ranks)
+    return result
+
+
+def _compare(result: OracleResult, job: RankJob, ranks: list[dict[str, Any]]) -> None:
+    found: list[tuple[int, int, Difference]] = []
+    order = {name: i for i, name in enumerate(job.reference)}
+    worst = 0.0
+    compared = 0
+
+    def record(name: str, rank: int, err: float) -> None:
+        nonlocal worst, compared
+        compared += 1
+        worst = max(worst, err)
+        if not err < TOLERANCE:
+            found.append((order.get(name, -1), rank, Difference(name, rank, err)))
+
+    copies: dict[tuple[Any, ...], list[tuple[int, float]]] = {}
+    for data in ranks:
+        for m, (block, value) in enumerate(data["losses"]):
+            copies.setdefault((*block, m), []).append((data["rank"], value))
+    for items in copies.values():
+        for rank, value in items[1:]:
+            record("loss (copy)", rank, rel_error(np.array(value), np.array(items[0][1]),
+                                                  job.floor))
+    plan_loss = np.mean([items[0][1] for items in copies.values()]) if copies else math.nan
+    record("loss", -1, rel_error(np.array(plan_loss), job.reference["loss"], job.floor))
+    held = set()
+    for data in ranks:
+        for name, err in data["checks"]:
+            held.add(name)
+            record(name, data["rank"], err)
+    for name in job.reference:
+        if name != "loss" and name not in held:
+            found.append((order[name], -1, Difference(f"{name} (no rank holds it)", -1,
+                                                      math.inf)))
+            worst = math.inf
+    result.max_rel_error = worst
+    result.compared = compared
+    result.differences = [d for _, _, d in sorted(found, key=lambda x: (x[0], x[1]))]

@@ -107,9 +107,16 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float) -> RankJob:
     setup = prepare(path)
     assert setup.real_model is not None
     lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
+    if plan.optimizer is not None and plan.spec_optimizer is None:
+        raise OracleError(f"{path}: the plan has an `optimizer` but no `spec-optimizer`: the "
+                          "single-device step's recipe is unknown")
+    if plan.optimizer and plan.spec_optimizer and plan.optimizer.kind != plan.spec_optimizer.kind:
+        raise OracleError(f"{path}: the plan's optimizer ({plan.optimizer.kind}) is not the "
+                          f"spec's ({plan.spec_optimizer.kind}); `tvp lint` reports it (TVP280)")
     values = draw_values(setup.real_model, setup.input_specs, plan.optimizer, seed)
+    # the reference is the single-device step: the spec's own optimizer recipe
     reference = reference_step(setup.real_model, values, list(setup.input_specs),
-                               plan.optimizer)
+                               plan.spec_optimizer)
     folder.mkdir(parents=True)
     magnitude = max((float(np.max(np.abs(v))) for v in reference.values() if v.size), default=1)
     return RankJob(lowered, values, reference, folder, seed, FLOOR * magnitude, timeout)

@@ -272,7 +272,7 @@ def test_blocks_returning_tuples_fall_back_to_a_flat_trace() -> None:
 
 
 def test_user_model_file_by_path(tmp_path) -> None:
-    from trainverify_dsl.spec.load import load_model
+    from trainverify_dsl.spec.load import ModelAccess, load_model
 
     (tmp_path / "mine.py").write_text(
         "import torch\n"
@@ -282,10 +282,11 @@ def test_user_model_file_by_path(tmp_path) -> None:
         "        self.fc = torch.nn.Linear(width, 1)\n"
         "    def forward(self, x):\n"
         "        return self.fc(x).sum()\n", encoding="utf-8")
-    model = load_model(f"{tmp_path / 'mine.py'}:Net", width=5)
+    beside = ModelAccess(base=tmp_path)  # as for a plan in tmp_path
+    model = load_model("mine.py:Net", access=beside, width=5)
     spec = trace_training_step(model, {"x": ((2, 5), torch.float32)})
     assert spec.param_count == 6
     (tmp_path / "broken.py").write_text("def oops(:\n", encoding="utf-8")
     with pytest.raises(SpecError) as caught:
-        load_model(f"{tmp_path / 'broken.py'}:Net")
+        load_model(f"{tmp_path / 'broken.py'}:Net", access=beside)
     assert caught.value.diagnostics[0].code.id == "TVP303"

@@ -5,11 +5,12 @@ Pipeline (data flows one way):
     torch model -> spec (spec IR) ----------------------^
 """
 
-from pathlib import Path
+from trainverify_dsl.resources import RESOURCES
 
 __version__ = "0.1.0"
 
-#: Root of the source checkout: holds grammar/, stdlib/ and plans/.
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-GRAMMAR_DIR = PROJECT_ROOT / "grammar"
-STDLIB_DIR = PROJECT_ROOT / "stdlib"
+#: Root of relative ``use``/``spec`` paths: the checkout (holding grammar/, stdlib/, plans/),
+#: or the package's bundled data folder when installed (``resources.py``).
+PROJECT_ROOT = RESOURCES.project_root
+GRAMMAR_DIR = RESOURCES.grammar_file.parent
+STDLIB_DIR = RESOURCES.stdlib_dir

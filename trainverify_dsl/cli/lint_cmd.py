@@ -1,5 +1,9 @@
 """``tvp lint FILE_OR_DIR...``: syntax, names, layouts; never imports torch or z3.
 
+Plain ``tvp lint`` never imports or runs a model file. ``--spec`` does (the model file is
+Python code), so the file must lie inside the plan's folder, the project root or the stdlib
+unless ``--allow-model-outside-root`` is given (TVP310).
+
 ``--spec`` adds the layout pass (docs/lowering.md): each plan that lints clean is lowered
 against the spec model its ``spec`` line names (on fake tensors, at full size), reporting
 names that bind to nothing, splits that do not divide the real sizes, partial sums fed to
@@ -60,7 +64,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="colour text output: auto (on a terminal), always, never")
     parser.add_argument("--spec", action="store_true",
                         help="also run the layout pass against the plan's spec model "
-                             "(imports torch; TVP4xx)")
+                             "(imports torch and runs the model file's code; TVP4xx)")
+    add_model_root_option(parser)
+
+
+def add_model_root_option(parser: argparse.ArgumentParser) -> None:
+    """``--allow-model-outside-root``, shared by the commands that import model files."""
+    parser.add_argument("--allow-model-outside-root", action="store_true",
+                        help="import a model file even if it lies outside the plan's folder, "
+                             "the project and the stdlib (it runs as Python code: only for "
+                             "files you trust)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         linter = default_linter()
         if getattr(args, "spec", False):
-            linter = with_layout_pass(linter)
+            linter = with_layout_pass(linter, allow_model_outside_root=getattr(
+                args, "allow_model_outside_root", False))
     except Exception as error:  # a broken install must not print a traceback either
         print(f"tvp lint: internal error: cannot load the linter: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -131,8 +145,10 @@ def render_diagnostics(diagnostics: list[Diagnostic], files: list[str], fmt: str
     return render(fmt, report, FileSources(), color=False, root=os.getcwd())
 
 
-def with_layout_pass(linter: Linter) -> Linter:
-    """``linter``, then (for plans without errors) the layout pass against the spec."""
+def with_layout_pass(linter: Linter, *, allow_model_outside_root: bool = False) -> Linter:
+    """``linter``, then (for plans without errors) the layout pass against the spec. It
+    imports the plan's model file, confined to the plan's folder, the project and the stdlib
+    unless ``allow_model_outside_root``."""
 
     def lint(file: str) -> Sequence[Diagnostic]:
         found = list(linter(file))
@@ -140,7 +156,8 @@ def with_layout_pass(linter: Linter) -> Linter:
             return found
         from trainverify_dsl.lower.diagnose import layout_diagnostics
 
-        return found + layout_diagnostics(file)
+        return found + layout_diagnostics(
+            file, allow_model_outside_root=allow_model_outside_root)
 
     return lint
 

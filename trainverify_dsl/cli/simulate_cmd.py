@@ -6,7 +6,9 @@ is the largest relative error over the loss, every gradient copy and every updat
 and the first tensor that differs, with the plan line responsible. ``--format json`` prints one
 JSON object (``agrees``, ``max_rel_error``, ``first_difference``...).
 
-A plan that cannot be lowered prints its diagnostics (TVP4xx, or the spec's TVP3xx).
+A plan that cannot be lowered prints its diagnostics (TVP4xx, or the spec's TVP3xx). The
+plan's model file is imported (it runs as Python code): it must lie inside the plan's folder,
+the project root or the stdlib unless ``--allow-model-outside-root`` is given (TVP310).
 
 Exit codes: 0 the plan agrees with the spec, 1 it differs (or has errors), 2 usage or internal
 error.
@@ -19,6 +21,8 @@ import json
 import math
 import sys
 from typing import Any
+
+from trainverify_dsl.cli.lint_cmd import add_model_root_option
 
 EXIT_AGREES = 0
 EXIT_DIFFERS = 1
@@ -33,6 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random values' seed (default 0)")
     parser.add_argument("--no-shrink", action="store_true",
                         help="simulate at the plan's own sizes (only for small models)")
+    add_model_root_option(parser)
 
 
 def _span(span: Any) -> dict[str, Any] | None:
@@ -120,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own deprecations
     try:
-        result = simulate_file(args.plan, seed=args.seed, shrink=not args.no_shrink)
+        result = simulate_file(args.plan, seed=args.seed, shrink=not args.no_shrink,
+                               allow_model_outside_root=args.allow_model_outside_root)
     except SimulationSetupError as error:
         if not error.diagnostics:
             print(f"tvp simulate: {error}", file=sys.stderr)

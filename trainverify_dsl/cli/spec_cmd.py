@@ -1,6 +1,9 @@
 """``tvp spec MODEL``: trace a model's training step into the spec IR and summarise it.
 
-``MODEL`` is ``file.py:Class`` or a config name from ``stdlib/models/configs.json``. The
+``MODEL`` is ``file.py:Class`` or a config name from ``stdlib/models/configs.json``. A
+relative path is looked up in the working directory, then the project root (``stdlib/...``
+always names the shipped stdlib); the file is imported, so it runs as Python code and must lie
+inside one of those or the stdlib unless ``--allow-model-outside-root`` is given (TVP310). The
 summary gives the parameter count, node counts (unique traced and expanded over layers), the
 op histogram and the trace time; ``--ir`` prints the canonical IR; ``--format json`` prints
 one JSON object (fields include ``params`` and ``nodes``). Bad references or configs print
@@ -13,7 +16,10 @@ import argparse
 import contextlib
 import json
 import sys
+from pathlib import Path
 from typing import Any
+
+from trainverify_dsl.cli.lint_cmd import add_model_root_option
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -29,6 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flat", action="store_true", help="trace without block reuse")
     parser.add_argument("--optimizer", choices=("none", "sgd", "adamw"), default="none",
                         help="append an optimizer step to the program")
+    add_model_root_option(parser)
 
 
 def _optimizer(name: str) -> Any:
@@ -90,14 +97,17 @@ def _print_diagnostics(diagnostics: Any, fmt: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainverify_dsl.ir.program import format_program
     from trainverify_dsl.spec.errors import SpecError
-    from trainverify_dsl.spec.load import load_model, model_input_specs
+    from trainverify_dsl.spec.load import ModelAccess, load_model, model_input_specs
     from trainverify_dsl.spec.trace import trace_training_step
 
+    # MODEL is a command-line path: relative to the folder the command runs in (the
+    # counterpart of a plan's folder), then the project root; ``stdlib/...`` is the shipped one.
+    access = ModelAccess(base=Path.cwd(), allow_outside_root=args.allow_model_outside_root)
     try:
         # stdout carries only the summary (one JSON document with --format json): whatever
         # the model's own code prints while it is imported and traced goes to stderr.
         with contextlib.redirect_stdout(sys.stderr):
-            model = load_model(args.model, args.config)
+            model = load_model(args.model, args.config, access=access)
             specs = model_input_specs(model, args.batch, args.seq, args.model)
             spec = trace_training_step(model, specs, _optimizer(args.optimizer),
                                        reuse=not args.flat)

@@ -42,15 +42,18 @@ def at_spec_line(diagnostics: list[Diagnostic], path: str | Path) -> list[Diagno
             for d in diagnostics]
 
 
-def layout_diagnostics(path: str | Path) -> list[Diagnostic]:
+def layout_diagnostics(path: str | Path, *,
+                       allow_model_outside_root: bool = False) -> list[Diagnostic]:
     """Lower the plan at ``path`` (full size, fake tensors) and report its findings. The plan
-    must lint clean first (syntax and plan checks); then every problem is a diagnostic."""
+    must lint clean first (syntax and plan checks); then every problem is a diagnostic.
+    ``allow_model_outside_root``: see ``simulate.setup.prepare``."""
     from trainverify_dsl.lower.lowering import lower
     from trainverify_dsl.simulate.setup import SimulationSetupError, prepare
     from trainverify_dsl.spec.errors import SpecError
 
     try:
-        setup = prepare(path, shrink=False, real=False)
+        setup = prepare(path, shrink=False, real=False,
+                        allow_model_outside_root=allow_model_outside_root)
     except SimulationSetupError as error:
         return list(error.diagnostics)
     except SpecError as error:

@@ -22,10 +22,10 @@ from lark import lexer as lark_lexer
 from lark.exceptions import LarkError
 from lark.indenter import Indenter
 
-from trainverify_dsl import GRAMMAR_DIR
 from trainverify_dsl.parse.build import AstBuilder, InlineCallbacks
+from trainverify_dsl.resources import RESOURCES
 
-GRAMMAR_FILE = GRAMMAR_DIR / "tvp.lark"
+GRAMMAR_FILE = RESOURCES.grammar_file
 
 
 class IndentationProblem(LarkError):

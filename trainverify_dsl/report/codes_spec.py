@@ -97,7 +97,22 @@ BLOCK_REUSE_FALLBACK = Code(
     fix="# model code: for layer in self.layers: x = layer(x)",
 )
 
+MODEL_OUTSIDE_ROOT = Code(
+    "TVP310", "model-outside-root", Severity.ERROR,
+    "the model file lies outside the plan's folder, the project and the stdlib",
+    what="The `spec` line names a model file that, with symlinks resolved, is not inside the "
+         "plan's folder, the project root or the shipped stdlib. The file is not imported. "
+         "Only `tvp lint --spec`, `tvp simulate` and `tvp spec` import model files; plain "
+         "`tvp lint`, `tvp fmt` and `tvp explain` never do. For a file you trust, pass "
+         "`--allow-model-outside-root` to the command.",
+    why="A model file is Python code and importing it runs it: a plan from a pull request "
+        "could otherwise run any file on the machine that checks it.",
+    example='spec "../../elsewhere/model.py:Net" batch 8 seq 1',
+    fix='spec "models/model.py:Net" batch 8 seq 1   # a file beside the plan',
+)
+
 CODES: tuple[Code, ...] = (
     MODEL_NOT_FOUND, CONFIG_NOT_FOUND, MODEL_LOAD_FAILED, UNSUPPORTED_OP,
     DATA_DEPENDENT_SHAPE, TRACE_FAILED, BAD_INPUT_SPEC, IR_INVALID, BLOCK_REUSE_FALLBACK,
+    MODEL_OUTSIDE_ROOT,
 )

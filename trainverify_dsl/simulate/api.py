@@ -38,9 +38,12 @@ def simulate_lowered(lowered: Lowered, program: ParallelProgram, reference: Any,
     return compare_programs(program, reference, values, reference_opt, want_points)
 
 
-def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool = True) -> SimulationResult:
-    """Raises ``SimulationSetupError`` / ``LoweringError`` / ``SpecError`` with diagnostics."""
-    setup: SimulationSetup = prepare(path, shrink=shrink)
+def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool = True,
+                  allow_model_outside_root: bool = False) -> SimulationResult:
+    """Raises ``SimulationSetupError`` / ``LoweringError`` / ``SpecError`` with diagnostics.
+    ``allow_model_outside_root``: see ``simulate.setup.prepare``."""
+    setup: SimulationSetup = prepare(path, shrink=shrink,
+                                     allow_model_outside_root=allow_model_outside_root)
     if setup.plan.clip_grad_norm is not None:
         raise SimulationSetupError([], f"{path}: `clip-grad-norm` is not simulated yet "
                                        "(neither side would clip, so agreement would say "

@@ -44,7 +44,11 @@ def resolve_plan(path: str | Path) -> Plan:
     return result.plan
 
 
-def prepare(path: str | Path, *, shrink: bool = True, real: bool = True) -> SimulationSetup:
+def prepare(path: str | Path, *, shrink: bool = True, real: bool = True,
+            allow_model_outside_root: bool = False) -> SimulationSetup:
+    """Resolve the plan and build its model. The model file is looked up from the plan's
+    folder and must lie inside it, the project or the stdlib unless
+    ``allow_model_outside_root`` (``spec/load.py``); a refused file is not imported."""
     from trainverify_dsl.simulate.shrink import shrunk_sizes
     from trainverify_dsl.spec.load import load_model, model_input_specs
 
@@ -58,9 +62,9 @@ def prepare(path: str | Path, *, shrink: bool = True, real: bool = True) -> Simu
     batch = batch or plan.spec.batch or 1
     seq = seq or plan.spec.seq or 1
     kwargs = {**settings, **overrides}
-    fake = load_model(plan.spec.model, plan.spec.config, **kwargs)
-    real_model = load_model(plan.spec.model, plan.spec.config, fake=False, **kwargs) \
-        if real else None
+    model_ref = locate_model(plan, Path(path), allow_model_outside_root)
+    fake = load_model(model_ref, **kwargs)
+    real_model = load_model(model_ref, fake=False, **kwargs) if real else None
     specs = dict(model_input_specs(fake, batch, seq))
     mode = next(iter(fake.parameters())).fake_mode
     with mode:
@@ -68,6 +72,25 @@ def prepare(path: str | Path, *, shrink: bool = True, real: bool = True) -> Simu
     used = {**overrides, "batch": batch, "seq": seq} if overrides or \
         (batch, seq) != (plan.spec.batch, plan.spec.seq) else {}
     return SimulationSetup(plan, fake, real_model, specs, fake_inputs, used)
+
+
+def locate_model(plan: Plan, path: Path, allow_outside_root: bool) -> Any:
+    """The ``ModelRef`` of the plan's ``spec`` line; a reference that names no file, or a
+    file outside the allowed roots, is a ``SpecError`` located at that line."""
+    from dataclasses import replace
+
+    from trainverify_dsl.spec.errors import SpecError
+    from trainverify_dsl.spec.load import ModelAccess, resolve_ref
+
+    assert plan.spec is not None
+    access = ModelAccess(base=path.resolve().parent, allow_outside_root=allow_outside_root)
+    try:
+        return resolve_ref(plan.spec.model, plan.spec.config, access)
+    except SpecError as error:
+        span = plan.spec.origin.span
+        raise SpecError([replace(d, span=span, notes=d.notes + (
+            f"the model reference is `{plan.spec.model}`",)) for d in error.diagnostics]) \
+            from None
 
 
 def _plain(value: Any) -> Any:

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch.fx
 
-from trainverify_dsl import PROJECT_ROOT
 from trainverify_dsl.ir.graph import Graph, GraphBuilder, Origin, prune
+from trainverify_dsl.resources import RESOURCES
 from trainverify_dsl.spec.convert import (
     UnsupportedOp,
     V,
@@ -56,14 +56,24 @@ _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
 
 def user_frame(stack_trace: str | None) -> str:
-    """The innermost frame outside torch's own sources, as ``path:line`` (or ``""``)."""
-    frames = [m for m in _FRAME.finditer(stack_trace or "")
-              if "site-packages" not in m["file"] and "/trainverify_dsl/" not in m["file"]]
+    """The innermost frame in model code (a stdlib model, installed or not, or a user's file;
+    not torch's or this package's own sources), as ``path:line`` (or ``""``). Stdlib files
+    are named ``stdlib/...`` and other files under the project root relative to it."""
+    frames = [m for m in _FRAME.finditer(stack_trace or "") if _is_model_code(m["file"])]
     if not frames:
         return ""
     path = frames[-1]["file"]
-    root = str(PROJECT_ROOT) + "/"
-    return f"{path.removeprefix(root)}:{frames[-1]['line']}"
+    for root in (RESOURCES.stdlib_base, RESOURCES.project_root):
+        if path.startswith(f"{root}/"):
+            path = path.removeprefix(f"{root}/")
+            break
+    return f"{path}:{frames[-1]['line']}"
+
+
+def _is_model_code(path: str) -> bool:
+    if path.startswith(f"{RESOURCES.stdlib_dir}/"):
+        return True
+    return "site-packages" not in path and "/trainverify_dsl/" not in path
 
 
 def _origin(node: torch.fx.Node, strip: str) -> Origin:

@@ -1,11 +1,21 @@
 """Load a model from a reference: ``path/to/file.py:Class`` or a config name.
 
-A bare name (``llama3_405b``) is looked up in ``stdlib/models/configs.json`` (its entry names
-the ``model`` class and its ``file``). ``file.py:Class`` resolves the path against the current
-directory, then the project root; files under the project root are imported as modules of the
-checkout (so ``stdlib.models.common`` imports work), other files by path. With ``fake=True``
-(the default) the model is built under a ``FakeTensorMode``: no weights are allocated.
-Every failure is a ``SpecError`` carrying a diagnostic.
+A model file is Python code and importing it runs it, so where a reference may lead is
+decided before anything is imported (``ModelAccess``):
+
+- a bare name (``llama3_405b``) is looked up in the shipped ``stdlib/models/configs.json``
+  (its entry names the ``model`` class and its ``file``);
+- ``stdlib/...`` names the shipped plan library only, never a folder of that name elsewhere;
+- any other relative path is looked up in the plan's folder (for ``tvp spec``, the folder the
+  command was run from), then the project root — never the working directory of a plan run;
+- the file found, symlinks resolved, must lie inside that folder, the project root or the
+  stdlib, unless the caller allows it explicitly (``--allow-model-outside-root``); a refused
+  file is never imported.
+
+Stdlib models are imported as ``stdlib.models.NAME`` from the shipped stdlib (so their
+``stdlib.models.common`` imports work, installed or not), other files by path. With
+``fake=True`` (the default) the model is built under a ``FakeTensorMode``: no weights are
+allocated. Every failure is a ``SpecError`` carrying a diagnostic.
 """
 
 from __future__ import annotations
@@ -16,13 +26,16 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from trainverify_dsl import PROJECT_ROOT
 from trainverify_dsl.report import codes_spec as codes
+from trainverify_dsl.resources import RESOURCES
 from trainverify_dsl.spec.errors import fail
 
-CONFIGS_PATH = PROJECT_ROOT / "stdlib" / "models" / "configs.json"
+CONFIGS_PATH = RESOURCES.configs_file
+#: The package name the shipped stdlib is imported under (its models import each other so).
+STDLIB_PACKAGE = "stdlib"
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +43,31 @@ class ModelRef:
     file: Path
     class_name: str
     config: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelAccess:
+    """Where relative model paths are looked up, and whether a file outside the allowed roots
+    (``base``, the project root, the stdlib) may be imported. The default allows only the
+    project root and the stdlib."""
+
+    #: The plan's folder (or, for ``tvp spec``, the folder the command ran in).
+    base: Path | None = None
+    allow_outside_root: bool = False
+
+    def search_dirs(self, path_text: str) -> tuple[Path, ...]:
+        if Path(path_text).parts[:1] == (STDLIB_PACKAGE,):
+            return (RESOURCES.stdlib_base,)
+        bases = (self.base, RESOURCES.project_root, RESOURCES.stdlib_base)
+        return tuple(dict.fromkeys(b for b in bases if b is not None))
+
+    def roots(self) -> tuple[Path, ...]:
+        roots = (self.base, RESOURCES.project_root, RESOURCES.stdlib_dir)
+        return tuple(dict.fromkeys(r.resolve() for r in roots if r is not None))
+
+
+#: Confined to the project root and the stdlib: the default of every loading function.
+DEFAULT_ACCESS = ModelAccess()
 
 
 def read_configs() -> dict[str, dict[str, Any]]:
@@ -46,43 +84,108 @@ def _did_you_mean(name: str, options: list[str]) -> str | None:
     return f"did you mean {close[0]!r}?" if close else None
 
 
-def resolve_ref(ref: str, config: str | None = None) -> ModelRef:
-    """The file, class and config a model reference names (no import yet)."""
+def resolve_ref(ref: str, config: str | None = None,
+                access: ModelAccess = DEFAULT_ACCESS) -> ModelRef:
+    """The file, class and config a model reference names, checked against ``access``.
+    Nothing is imported."""
     if ":" not in ref:
         configs = read_configs()
         if ref not in configs:
             raise fail(codes.MODEL_NOT_FOUND, f"{ref!r} is neither file.py:Class nor a known "
                        "config name", ref, help=_did_you_mean(ref, sorted(configs)))
         entry = configs[ref]
-        return ModelRef(PROJECT_ROOT / entry["file"], entry["model"], config or ref)
+        return ModelRef(_find_file(entry["file"], ref, access), entry["model"], config or ref)
     path_text, _, class_name = ref.rpartition(":")
-    for base in (Path.cwd(), PROJECT_ROOT):
-        path = (base / path_text).resolve()
-        if path.is_file():
-            return ModelRef(path, class_name, config)
-    raise fail(codes.MODEL_NOT_FOUND, f"model file {path_text!r} not found", ref)
+    return ModelRef(_find_file(path_text, ref, access), class_name, config)
 
 
-def _import_file(path: Path) -> Any:
-    if str(PROJECT_ROOT) not in sys.path:
-        sys.path.insert(0, str(PROJECT_ROOT))
-    try:
-        relative = path.relative_to(PROJECT_ROOT)
-    except ValueError:
-        relative = None
-    if relative is not None and all(p.isidentifier() for p in relative.with_suffix("").parts):
-        return importlib.import_module(".".join(relative.with_suffix("").parts))
+def _find_file(path_text: str, ref: str, access: ModelAccess) -> Path:
+    tried = []
+    for base in access.search_dirs(path_text):
+        candidate = base / path_text
+        tried.append(str(candidate))
+        try:
+            real = candidate.resolve() if candidate.is_file() else None
+        except (OSError, RuntimeError):  # a name too long, a symlink loop: no file
+            real = None
+        if real is not None:
+            _check_confined(real, path_text, ref, access)
+            return real
+    raise fail(codes.MODEL_NOT_FOUND, f"model file {path_text!r} not found", ref,
+               notes=tuple(f"looked for {t}" for t in dict.fromkeys(tried)))
+
+
+def _check_confined(real: Path, path_text: str, ref: str, access: ModelAccess) -> None:
+    roots = access.roots()
+    if access.allow_outside_root or any(_within(real, root) for root in roots):
+        return
+    raise fail(codes.MODEL_OUTSIDE_ROOT, f"model file {path_text!r} lies outside the allowed "
+               "folders; it was not imported", ref,
+               notes=(f"it resolves to {real}",
+                      "allowed roots: " + ", ".join(str(r) for r in roots)),
+               help="move the model next to the plan or into the project; if you trust "
+                    "this file, pass --allow-model-outside-root")
+
+
+def _within(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _import_file(path: Path) -> ModuleType:
+    stdlib_dir = RESOURCES.stdlib_dir.resolve()
+    if _within(path, stdlib_dir):
+        return _import_stdlib_module(path, stdlib_dir)
+    return _import_by_path(path)
+
+
+def _import_stdlib_module(path: Path, stdlib_dir: Path) -> ModuleType:
+    """``stdlib/models/llama.py`` as ``stdlib.models.llama``, the ``stdlib`` package bound to
+    the shipped folder (not found on ``sys.path``, where the working directory may come
+    first). The module imported must be the file that was checked."""
+    _stdlib_package(stdlib_dir)
+    parts = path.relative_to(stdlib_dir).with_suffix("").parts
+    module = importlib.import_module(".".join((STDLIB_PACKAGE, *parts)))
+    imported = Path(getattr(module, "__file__", "") or "").resolve()
+    if imported != path:
+        raise ImportError(f"{module.__name__} is already imported from {imported}")
+    return module
+
+
+def _stdlib_package(stdlib_dir: Path) -> ModuleType:
+    existing = sys.modules.get(STDLIB_PACKAGE)
+    if existing is not None:
+        paths = [Path(p).resolve() for p in getattr(existing, "__path__", ())]
+        if paths != [stdlib_dir]:
+            raise ImportError(f"another package named {STDLIB_PACKAGE!r} is already imported "
+                              f"(from {', '.join(map(str, paths)) or 'no folder'})")
+        return existing
+    spec = importlib.util.spec_from_file_location(
+        STDLIB_PACKAGE, stdlib_dir / "__init__.py", submodule_search_locations=[str(stdlib_dir)])
+    assert spec is not None and spec.loader is not None
+    return _execute(spec)
+
+
+def _import_by_path(path: Path) -> ModuleType:
+    """A model file outside the stdlib, under a name of its own; imported once per process
+    (``tvp simulate`` loads the model twice, fake and real)."""
     name = f"tvp_user_model_{abs(hash(path))}"
+    if name in sys.modules:
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
+    return _execute(spec)
+
+
+def _execute(spec: importlib.machinery.ModuleSpec) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     # Registered like any import, so the module's classes can be inspected (source lines
     # in diagnostics) and its dataclasses resolve their annotations.
-    sys.modules[name] = module
+    sys.modules[spec.name] = module
     try:
+        assert spec.loader is not None
         spec.loader.exec_module(module)
     except BaseException:
-        del sys.modules[name]
+        del sys.modules[spec.name]
         raise
     return module
 
@@ -126,12 +229,13 @@ def _construct(cls: Any, ref: ModelRef, overrides: dict[str, Any]) -> Any:
     return cls.from_config_name(ref.config, **overrides)
 
 
-def load_model(ref: str, config: str | None = None, *, fake: bool = True,
-               **overrides: Any) -> Any:
-    """The ``nn.Module`` a reference names, built on fake tensors unless ``fake=False``."""
+def load_model(ref: str | ModelRef, config: str | None = None, *, fake: bool = True,
+               access: ModelAccess = DEFAULT_ACCESS, **overrides: Any) -> Any:
+    """The ``nn.Module`` a reference names (a ``ModelRef`` is already resolved; a string is
+    resolved under ``access`` first), built on fake tensors unless ``fake=False``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    model_ref = resolve_ref(ref, config)
+    model_ref = ref if isinstance(ref, ModelRef) else resolve_ref(ref, config, access)
     cls = _model_class(model_ref)
     try:
         if fake:

@@ -44,18 +44,21 @@ def resolve_plan(path: str | Path) -> Plan:
     return result.plan
 
 
-def prepare(path: str | Path, *, shrink: bool = True, real: bool = True) -> SimulationSetup:
-    from trainverify_dsl.simulate.shrink import shrunk_sizes
+def prepare(path: str | Path, *, shrink: bool | None = None,
+            real: bool = True) -> SimulationSetup:
+    """``shrink``: ``None`` shrinks a model with a width above ``shrink.SMALL`` (or a batch
+    above 64), ``True`` always shrinks, ``False`` never does."""
+    from trainverify_dsl.simulate.shrink import NOT_CONFIG, needs_shrinking
     from trainverify_dsl.spec.load import load_model, model_input_specs
 
     plan = resolve_plan(path)
     if plan.spec is None or plan.mesh is None:
         raise SimulationSetupError([], f"{path}: a simulated plan needs a `spec` line and a "
                                        "`mesh`")
-    from trainverify_dsl.simulate.shrink import NOT_CONFIG
-
     settings = {k: _plain(v) for k, v in plan.spec.settings if k not in NOT_CONFIG}
-    overrides, batch, seq = shrunk_sizes(plan, settings) if shrink else ({}, None, None)
+    if shrink is None:
+        shrink = needs_shrinking(plan, settings)
+    overrides, batch, seq = _shrunk(plan, settings) if shrink else ({}, None, None)
     batch = batch or plan.spec.batch or 1
     seq = seq or plan.spec.seq or 1
     kwargs = {**settings, **overrides}
@@ -69,6 +72,19 @@ def prepare(path: str | Path, *, shrink: bool = True, real: bool = True) -> Simu
     used = {**overrides, "batch": batch, "seq": seq} if overrides or \
         (batch, seq) != (plan.spec.batch, plan.spec.seq) else {}
     return SimulationSetup(plan, fake, real_model, specs, fake_inputs, used)
+
+
+def _shrunk(plan: Plan, settings: dict[str, Any]) -> tuple[dict[str, Any], int, int]:
+    from trainverify_dsl.simulate.shrink import ShrinkError, shrink_plan
+
+    try:
+        shrunk = shrink_plan(plan, settings)
+    except ShrinkError as error:
+        assert plan.spec is not None
+        raise SimulationSetupError([], f"{plan.spec.origin.span.file}: cannot shrink the "
+                                       f"model: {error}; simulate it at full size with "
+                                       "--no-shrink") from None
+    return shrunk.overrides, shrunk.batch, shrunk.seq
 
 
 def _plain(value: Any) -> Any:

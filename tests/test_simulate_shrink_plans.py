@@ -1,7 +1,7 @@
 """Generated plans (hypothesis): a plan errs at full size if and only if it errs shrunk
 (docs/semantics.md, "Shrinking for simulation").
 
-Small MLP and Llama configs, meshes of one or two axes with arbitrary names and sizes 1-4,
+Small MLP and Llama configs, meshes of one or two axes with arbitrary names and sizes 2-4,
 random splits of weights and inputs (Megatron templates over a random axis, inputs split over
 another), random microbatches and ZeRO. Each example lowers the plan twice on fake tensors: at
 its own sizes and at the sizes ``shrink_plan`` gives (forced, although the configs are small).
@@ -51,19 +51,21 @@ def outcome(path: Path, shrink: bool) -> tuple[str, ...]:
 @st.composite
 def meshes(draw: st.DrawFn) -> dict[str, int]:
     names = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=2, unique=True))
-    return {n: draw(st.sampled_from([1, 2, 3, 4])) for n in names}
+    return {n: draw(st.sampled_from([2, 3, 4])) for n in names}
 
 
 def header(spec: str, mesh: dict[str, int], microbatches: int) -> str:
     axes = ", ".join(f"{a}={n}" for a, n in mesh.items())
     return (f"plan generated\nspec {spec}\nmesh {axes}\nmicrobatches {microbatches}\n"
-            f"use \"{MEGATRON}\"\n")
+            f"loss-scale 1/microbatches\nuse \"{MEGATRON}\"\n")
 
 
 @st.composite
 def mlp_plans(draw: st.DrawFn) -> str:
-    sizes = {k: draw(st.sampled_from([4, 6, 8, 12, 16])) for k in ("d_in", "d_hidden", "d_out")}
-    batch = draw(st.sampled_from([4, 6, 8, 12, 24]))
+    # mostly multiples of every axis size, sometimes not (8 and 10 for 3, 10 for 4)
+    sizes = {k: draw(st.sampled_from([12, 24, 48, 8, 10])) for k in ("d_in", "d_hidden",
+                                                                     "d_out")}
+    batch = draw(st.sampled_from([24, 48, 12, 8]))
     mesh = draw(meshes())
     axis = st.sampled_from(sorted(mesh))
     config = " ".join(f"{k} {v}" for k, v in sizes.items())
@@ -87,16 +89,16 @@ def mlp_plans(draw: st.DrawFn) -> str:
 
 @st.composite
 def llama_plans(draw: st.DrawFn) -> str:
-    heads = draw(st.sampled_from([4, 8]))
-    kv = draw(st.sampled_from([k for k in (1, 2, 4) if heads % k == 0]))
+    heads = draw(st.sampled_from([12, 4, 6]))
+    kv = draw(st.sampled_from([k for k in (12, 6, 4, 2, 1) if heads % k == 0]))
     head_dim = draw(st.sampled_from([2, 4, 6]))
     sizes = {"n_heads": heads, "n_kv_heads": kv, "hidden": heads * head_dim,
-             "ffn_hidden": draw(st.sampled_from([12, 16, 24])),
-             "vocab_size": draw(st.sampled_from([24, 32, 60]))}
+             "ffn_hidden": draw(st.sampled_from([24, 36, 16])),
+             "vocab_size": draw(st.sampled_from([24, 48, 61]))}
     mesh = draw(meshes())
     axis = st.sampled_from(sorted(mesh))
     config = " ".join(f"{k} {v}" for k, v in sizes.items())
-    batch, seq = draw(st.sampled_from([4, 6, 8])), draw(st.sampled_from([4, 6]))
+    batch, seq = draw(st.sampled_from([12, 24, 8])), draw(st.sampled_from([12, 4]))
     lines = [header(f'"stdlib/models/llama.py:Llama" config llama_tiny {config} batch {batch} '
                     f"seq {seq}", mesh, draw(st.sampled_from([1, 2])))]
     data = draw(st.none() | axis)
@@ -122,7 +124,7 @@ def errs_alike(tmp_path: Path, text: str) -> None:
     path = tmp_path / "generated.tvp"
     path.write_text(text)
     full, shrunk = outcome(path, shrink=False), outcome(path, shrink=True)
-    assert bool(full) == bool(shrunk), (text, full, shrunk)
+    assert full == shrunk, (text, full, shrunk)  # the same finding codes, or none on both
 
 
 @SLOW

@@ -265,3 +265,18 @@ def test_agrees_is_false_when_an_error_was_reported() -> None:
     assert not agrees(Result())
     Result.findings = []
     assert agrees(Result())
+
+
+def test_a_shrunk_plan_that_loses_a_divisibility_is_an_internal_error_not_agrees(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainverify_dsl.simulate import shrink
+
+    def broken(widths, rules, multiples, least):  # a width of 3 that tp=2 cannot split
+        return {w: 3 if w == "d_hidden" else v for w, v in widths.items()}
+
+    monkeypatch.setattr(shrink, "shrink_widths", broken)
+    code = main(["simulate", str(write(tmp_path, "lost", mlp_plan()))])
+    captured = capsys.readouterr()
+    assert code == 2 and "agrees" not in captured.out
+    assert "ShrinkingLostDivisibility" in captured.err and "d_hidden" in captured.err

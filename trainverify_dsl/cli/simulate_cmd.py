@@ -116,10 +116,9 @@ def run(args: argparse.Namespace) -> int:
     import warnings
 
     from trainverify_dsl.cli.lint_cmd import render_diagnostics
-    from trainverify_dsl.lower.diagnose import at_spec_line, to_diagnostic
-    from trainverify_dsl.lower.findings import LoweringError
+    from trainverify_dsl.lower.diagnose import at_spec_line
     from trainverify_dsl.simulate import simulate_file
-    from trainverify_dsl.simulate.setup import SimulationSetupError, resolve_plan
+    from trainverify_dsl.simulate.setup import SimulationSetupError
     from trainverify_dsl.spec.errors import SpecError
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own deprecations
@@ -135,12 +134,6 @@ def run(args: argparse.Namespace) -> int:
     except SpecError as error:
         located = at_spec_line(list(error.diagnostics), args.plan)
         sys.stdout.write(render_diagnostics(located, [args.plan], args.format))
-        return EXIT_DIFFERS
-    except LoweringError as error:
-        plan = resolve_plan(args.plan)
-        fallback = plan.spec.origin.span if plan.spec else None
-        diagnostics = [to_diagnostic(f, fallback) for f in error.findings]
-        sys.stdout.write(render_diagnostics(diagnostics, [args.plan], args.format))
         return EXIT_DIFFERS
     except Exception as error:  # noqa: BLE001 - an internal error is one line, not a traceback
         print(f"tvp simulate: internal error: {type(error).__name__}: {error}",

@@ -74,9 +74,11 @@ AT_LEAST: dict[str, tuple[tuple[str, int, Callable[[Mapping[str, Any]], int]], .
                     lambda c: max(2, -(-c["n_activated_experts"] // c["topk_group"])))),
 }
 #: Probe primes start here; no mesh factor or model constant is that large.
-PROBE_FLOOR = 1009
-#: Sums of at most this many widths are recognised in a dimension.
+PROBE_FLOOR = 101
+#: Sums of at most this many widths, times a constant up to ``SUM_SCALES``, are recognised in
+#: a dimension; constants of the model in a dimension must stay below ``PROBE_FLOOR``.
 SUM_TERMS = 3
+SUM_SCALES = 8
 #: ``max_seq_len`` follows the shrunk sequence (RoPE tables and position embeddings).
 SEQ_BOUND = "max_seq_len"
 
@@ -180,15 +182,19 @@ def _is_prime(n: int) -> bool:
 
 
 def _no_coincidence(primes: Mapping[str, int], multiples: Mapping[str, int]) -> bool:
+    """No sum of 2..``SUM_TERMS`` probe values is divisible by a probe prime, and no two such
+    sums (times a constant up to ``SUM_SCALES``) are equal."""
     values = {w: q * multiples.get(w, 1) for w, q in primes.items()}
-    newest = list(primes)[-1]
-    others = [w for w in values if w != newest]
-    for count in range(1, SUM_TERMS):
-        for group in itertools.combinations(others, count):
-            total = values[newest] + sum(values[w] for w in group)
-            if any(total % q == 0 for q in primes.values()) or \
-                    all(p < PROBE_FLOOR for p in _primes(total)):
+    seen: set[int] = set()
+    for count in range(2, SUM_TERMS + 1):
+        for group in itertools.combinations(sorted(values), count):
+            total = sum(values[w] for w in group)
+            if any(total % q == 0 for q in primes.values()):
                 return False
+            scaled = {total * k for k in range(1, SUM_SCALES + 1)}
+            if scaled & seen:
+                return False
+            seen |= scaled
     return True
 
 
@@ -200,9 +206,9 @@ def monomial(size: int, probe: Mapping[str, int], primes: Mapping[str, int]
     factors = tuple((w, _valuation(size, q)) for w, q in sorted(primes.items())
                     if size % q == 0)
     rest = size // math.prod(primes[w] ** e for w, e in factors)
-    if all(p < PROBE_FLOOR for p in _primes(rest)):
+    if rest < PROBE_FLOOR:  # a constant of the model (a top-k, a pair of RoPE halves)
         return factors, ()
-    for scale in range(1, 9):
+    for scale in range(1, SUM_SCALES + 1):
         if rest % scale == 0:
             found = _summands(rest // scale, probe)
             if found:
@@ -212,7 +218,7 @@ def monomial(size: int, probe: Mapping[str, int], primes: Mapping[str, int]
 
 
 def _summands(total: int, probe: Mapping[str, int]) -> tuple[str, ...] | None:
-    names = sorted(w for w in probe if w in probe)
+    names = sorted(w for w, v in probe.items() if v >= PROBE_FLOOR)  # the probed widths
     for count in range(2, min(len(names), SUM_TERMS) + 1):
         for group in itertools.combinations(names, count):
             if sum(probe[w] for w in group) == total:

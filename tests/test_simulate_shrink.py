@@ -280,3 +280,20 @@ def test_a_shrunk_plan_that_loses_a_divisibility_is_an_internal_error_not_agrees
     captured = capsys.readouterr()
     assert code == 2 and "agrees" not in captured.out
     assert "ShrinkingLostDivisibility" in captured.err and "d_hidden" in captured.err
+
+
+def test_a_sum_of_widths_grows_only_its_smallest_summand() -> None:
+    # DeepSeek's MLA: wkv_a has kv_lora_rank + qk_rope_head_dim rows, cut into 16 ZeRO blocks;
+    # wq has n_heads * (qk_nope_head_dim + qk_rope_head_dim), split over tp=4, 64 blocks
+    widths = {"n_heads": 16, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+              "kv_lora_rank": 512}
+    sums = (("qk_nope_head_dim", "qk_rope_head_dim"),)
+    rules = [Divisibility((("n_heads", 1),), (("tp", 4),), sums),
+             Divisibility((("n_heads", 1),), (("tp", 4), ("dp", 16)), sums, whole=True),
+             Divisibility((), (("dp", 16),), (("kv_lora_rank", "qk_rope_head_dim"),),
+                          whole=True),
+             Divisibility((("kv_lora_rank", 1),), (("dp", 16),), (), whole=True)]
+    shrunk = shrink_widths(widths, rules, {"qk_rope_head_dim": 2}, {})
+    assert (shrunk["kv_lora_rank"] + shrunk["qk_rope_head_dim"]) % 16 == 0
+    assert shrunk["n_heads"] * (shrunk["qk_nope_head_dim"] + shrunk["qk_rope_head_dim"]) % 64 == 0
+    assert shrunk["qk_rope_head_dim"] == 16  # not raised in lockstep with kv_lora_rank to 64

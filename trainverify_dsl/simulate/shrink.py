@@ -260,7 +260,7 @@ def mesh_primes(rules: list[Divisibility], multiples: Mapping[str, int]) -> list
 def _top_up(rule: Divisibility, widths: Mapping[str, int],
             keep: dict[str, dict[int, int]]) -> None:
     """Give a ZeRO divisibility its missing factors from the width with the most to spare
-    (a sum only when no product width has any: all its summands then grow together)."""
+    (a sum only when no product width has any: its summands with the fewest grow)."""
     for p in _primes(rule.n):
         while _kept(rule, keep, p) < _valuation(rule.n, p):
             spare = [(_valuation(widths[w], p) - keep[w][p], w) for w, _ in rule.widths
@@ -268,12 +268,20 @@ def _top_up(rule: Divisibility, widths: Mapping[str, int],
             if spare:
                 keep[max(spare)[1]][p] += 1
                 continue
-            grown = next((s for s in rule.sums if all(_valuation(widths[w], p) > keep[w][p]
-                                                      for w in s)), None)
+            grown = next((s for s in rule.sums if _lowest_can_grow(s, widths, keep, p)), None)
             if grown is None:
                 return  # the full-size plan lacks it too (reported by the full-size pass)
+            lowest = min(keep[w][p] for w in grown)
             for w in grown:
-                keep[w][p] += 1
+                if keep[w][p] == lowest:
+                    keep[w][p] += 1
+
+
+def _lowest_can_grow(summands: tuple[str, ...], widths: Mapping[str, int],
+                     keep: Mapping[str, Mapping[int, int]], p: int) -> bool:
+    """The summands holding the fewest factors ``p`` (they bound the sum's) all have more."""
+    lowest = min(keep[w][p] for w in summands)
+    return all(_valuation(widths[w], p) > lowest for w in summands if keep[w][p] == lowest)
 
 
 def _kept(rule: Divisibility, keep: Mapping[str, Mapping[int, int]], p: int) -> int:

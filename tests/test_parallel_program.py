@@ -187,3 +187,36 @@ if __name__ == "__main__" and "--update" in sys.argv:
     for plan in SMALL:
         (GOLDEN / f"{plan}.txt").write_text(format_parallel(_program(plan), graphs=False))
         print(f"wrote {GOLDEN / plan}.txt")
+
+
+# -- rank-batched evaluation equals rank-by-rank evaluation ------------------------------------
+
+
+@pytest.mark.parametrize("name", ["llama_tiny_cp", "deepseek_tiny_ep", "deepseek_tiny_pp"])
+def test_rank_batched_evaluation_equals_rank_by_rank(name: str) -> None:
+    import numpy as np
+
+    from trainverify_dsl.ir.execute import evaluate_parallel
+    from trainverify_dsl.lower.lowering import lower
+    from trainverify_dsl.lower.program import parallel_program
+    from trainverify_dsl.simulate.run import plan_states, random_inputs, spec_optimizer
+    from trainverify_dsl.simulate.setup import prepare
+    from trainverify_dsl.spec.trace import trace_training_step
+
+    setup = prepare(ROOT / "plans" / f"{name}.tvp")
+    program = parallel_program(lower(setup.plan, setup.fake_model, setup.fake_inputs))
+    spec = trace_training_step(setup.fake_model, setup.input_specs, spec_optimizer(setup.plan),
+                               reuse=False)
+    rng = np.random.default_rng(3)
+    values = random_inputs(spec.program.inputs, setup.real_model, rng)
+    plan_states(program, values, rng)
+    one = evaluate_parallel(program, values, batched=False)
+    batched = evaluate_parallel(program, values, batched=True)
+    assert one.losses == batched.losses
+    for got, want in ((batched.grads, one.grads), (batched.updates, one.updates)):
+        assert got.keys() == want.keys()
+        for rank in want:
+            assert got[rank].keys() == want[rank].keys()
+            for key in want[rank]:
+                np.testing.assert_array_equal(got[rank][key], want[rank][key])
+    assert batched.observed.keys() == one.observed.keys()

@@ -195,3 +195,22 @@ class NormAfterRowNet(nn.Module):
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         error = self.norm(self.fc2(torch.relu(self.fc1(x)))) - target
         return (error * error).mean()
+
+
+class RenamedInputs(nn.Module):
+    """``TwoLinear`` whose inputs are named ``inp`` and ``goal`` (no ``x``, no ``tokens``):
+    nothing may depend on an input's name."""
+
+    def __init__(self, d: int = 4, hidden: int = 8) -> None:
+        super().__init__()
+        self.d = d
+        self.fc1 = nn.Linear(d, hidden, bias=False)
+        self.fc2 = nn.Linear(hidden, d, bias=False)
+
+    def input_specs(self, batch: int, seq: int) -> InputSpecs:
+        return {"inp": ((batch, seq, self.d), _float()),
+                "goal": ((batch, seq, self.d), _float())}
+
+    def forward(self, inp: torch.Tensor, goal: torch.Tensor) -> torch.Tensor:
+        error = self.fc2(torch.relu(self.fc1(inp))) - goal
+        return (error * error).mean()

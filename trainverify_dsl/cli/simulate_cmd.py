@@ -6,12 +6,13 @@ is the largest relative error over the loss, every gradient copy and every updat
 and the first tensor that differs, with the plan line responsible. ``--format json`` prints one
 JSON object (``agrees``, ``max_rel_error``, ``first_difference``...).
 
-A plan that cannot be lowered prints its diagnostics (TVP4xx, or the spec's TVP3xx). The
-plan's model file is imported (it runs as Python code): it must lie inside the plan's folder,
-the project root or the stdlib unless ``--allow-model-outside-root`` is given (TVP310).
+The full-size binding and layout pass (``tvp lint --spec``) runs first: a plan with an error
+there prints its diagnostics (TVP4xx, or the spec's TVP3xx) and is not simulated.
+The plan's model file is imported (it runs as Python code): it must lie inside the plan's
+folder, the project root or the stdlib unless ``--allow-model-outside-root`` is given (TVP310).
 
-Exit codes: 0 the plan agrees with the spec, 1 it differs (or has errors), 2 usage or internal
-error.
+Exit codes: 0 the plan agrees with the spec and no error was reported, 1 it differs or has
+errors, 2 usage or internal error.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def result_json(path: str, result: Any) -> dict[str, Any]:
 
     return {
         "plan": path,
-        "agrees": result.agrees,
+        "agrees": agrees(result),
         "max_rel_error": _number(result.max_rel_error),
         "tolerance": TOLERANCE,
         "ranks": result.ranks,
@@ -93,6 +94,9 @@ def _text(path: str, result: Any) -> str:
     for d in result.findings:
         lines.append(f"{_where(d.span)}: {d.severity}: {d.message} [{d.code.id}]")
     verdict = "agrees with the spec" if result.agrees else "DIFFERS from the spec"
+    if has_errors(result):
+        verdict = ("has errors and " + verdict.replace("agrees", "otherwise agrees")
+                   if result.agrees else "has errors and " + verdict)
     lines.append(f"{path}: {verdict}: max relative error {result.max_rel_error:.3g} "
                  f"(tolerance {TOLERANCE:g}) over {result.compared} tensors on "
                  f"{result.ranks} ranks")
@@ -117,15 +121,15 @@ def run(args: argparse.Namespace) -> int:
     import warnings
 
     from trainverify_dsl.cli.lint_cmd import render_diagnostics
-    from trainverify_dsl.lower.diagnose import at_spec_line, to_diagnostic
-    from trainverify_dsl.lower.findings import LoweringError
+    from trainverify_dsl.lower.diagnose import at_spec_line
     from trainverify_dsl.simulate import simulate_file
-    from trainverify_dsl.simulate.setup import SimulationSetupError, resolve_plan
+    from trainverify_dsl.simulate.setup import SimulationSetupError
     from trainverify_dsl.spec.errors import SpecError
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own deprecations
     try:
-        result = simulate_file(args.plan, seed=args.seed, shrink=not args.no_shrink,
+        result = simulate_file(args.plan, seed=args.seed,
+                               shrink=False if args.no_shrink else None,
                                allow_model_outside_root=args.allow_model_outside_root)
     except SimulationSetupError as error:
         if not error.diagnostics:
@@ -137,12 +141,6 @@ def run(args: argparse.Namespace) -> int:
         located = at_spec_line(list(error.diagnostics), args.plan)
         sys.stdout.write(render_diagnostics(located, [args.plan], args.format))
         return EXIT_DIFFERS
-    except LoweringError as error:
-        plan = resolve_plan(args.plan)
-        fallback = plan.spec.origin.span if plan.spec else None
-        diagnostics = [to_diagnostic(f, fallback) for f in error.findings]
-        sys.stdout.write(render_diagnostics(diagnostics, [args.plan], args.format))
-        return EXIT_DIFFERS
     except Exception as error:  # noqa: BLE001 - an internal error is one line, not a traceback
         print(f"tvp simulate: internal error: {type(error).__name__}: {error}",
               file=sys.stderr)
@@ -151,4 +149,15 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result_json(args.plan, result), indent=2))
     else:
         sys.stdout.write(_text(args.plan, result))
-    return EXIT_AGREES if result.agrees else EXIT_DIFFERS
+    return EXIT_AGREES if agrees(result) else EXIT_DIFFERS
+
+
+def has_errors(result: Any) -> bool:
+    from trainverify_dsl.report.diagnostics import Severity
+
+    return any(d.severity is Severity.ERROR for d in result.findings)
+
+
+def agrees(result: Any) -> bool:
+    """"Agrees" only when every check held and no error was reported."""
+    return bool(result.agrees) and not has_errors(result)

@@ -1,5 +1,7 @@
-"""Simulate a plan file end to end: resolve, build the spec at (possibly shrunk) sizes, lower
-to the plan's ``ParallelProgram``, trace the reference step, evaluate both and compare."""
+"""Simulate a plan file end to end: the full-size binding and layout pass first (what
+``tvp lint --spec`` runs; any error stops here), then build the spec at shrunk sizes
+(``simulate.shrink``), lower the plan to its ``ParallelProgram``, trace the reference step,
+evaluate both on the same random values and run the named checks."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from typing import Any
 import numpy as np
 
 from trainverify_dsl.ir.parallel import ParallelProgram, parallel_problems
-from trainverify_dsl.lower.diagnose import to_diagnostic
+from trainverify_dsl.lower.findings import LoweringError
 from trainverify_dsl.lower.lowering import Lowered, lower
 from trainverify_dsl.lower.program import parallel_program
+from trainverify_dsl.report.diagnostics import Diagnostic, Severity
 from trainverify_dsl.simulate.run import (
     SimulationResult,
     compare_programs,
@@ -21,6 +24,23 @@ from trainverify_dsl.simulate.run import (
     spec_values_at,
 )
 from trainverify_dsl.simulate.setup import SimulationSetup, SimulationSetupError, prepare
+
+
+class ShrinkingLostDivisibility(RuntimeError):
+    """The plan lowers at full size but not at its shrunk sizes: a bug of the shrinking rule,
+    never a finding about the plan (an internal error, exit 2)."""
+
+
+def full_size_diagnostics(path: str | Path, *,
+                          allow_model_outside_root: bool = False) -> list[Diagnostic]:
+    """The layout pass of ``tvp lint --spec`` at the plan's real sizes; raises
+    ``SimulationSetupError`` carrying every diagnostic when one of them is an error."""
+    from trainverify_dsl.lower.diagnose import layout_diagnostics
+
+    found = layout_diagnostics(path, allow_model_outside_root=allow_model_outside_root)
+    if any(d.severity is Severity.ERROR for d in found):
+        raise SimulationSetupError(found)
+    return found
 
 
 def simulate_lowered(lowered: Lowered, program: ParallelProgram, reference: Any,
@@ -38,10 +58,12 @@ def simulate_lowered(lowered: Lowered, program: ParallelProgram, reference: Any,
     return compare_programs(program, reference, values, reference_opt, want_points)
 
 
-def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool = True,
+def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None,
                   allow_model_outside_root: bool = False) -> SimulationResult:
-    """Raises ``SimulationSetupError`` / ``LoweringError`` / ``SpecError`` with diagnostics.
-    ``allow_model_outside_root``: see ``simulate.setup.prepare``."""
+    """Raises ``SimulationSetupError`` (with diagnostics when the plan has errors at full
+    size) or ``SpecError``. ``shrink``: ``None`` shrinks large models, ``True`` always,
+    ``False`` never (``prepare``). ``allow_model_outside_root``: see ``prepare``."""
+    findings = full_size_diagnostics(path, allow_model_outside_root=allow_model_outside_root)
     setup: SimulationSetup = prepare(path, shrink=shrink,
                                      allow_model_outside_root=allow_model_outside_root)
     if setup.plan.clip_grad_norm is not None:
@@ -52,10 +74,18 @@ def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool = True,
 
     reference_opt = spec_optimizer(setup.plan)
     spec = trace_training_step(setup.fake_model, setup.input_specs, reference_opt, reuse=False)
-    lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
+    try:
+        lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
+    except LoweringError as error:
+        message = "; ".join(f.message for f in error.findings)
+        raise ShrinkingLostDivisibility(f"the plan lowers at full size but not at the shrunk "
+                                        f"sizes {setup.overrides}: {message}") from None
+    if lowered.findings:
+        message = "; ".join(f.message for f in lowered.findings)
+        raise ShrinkingLostDivisibility(f"the shrunk plan (sizes {setup.overrides}) has "
+                                        f"findings the full-size plan has not: {message}")
     program = parallel_program(lowered)
     result = simulate_lowered(lowered, program, spec, reference_opt, setup.real_model, seed)
     result.sizes = dict(setup.overrides)
-    fallback = setup.plan.spec.origin.span if setup.plan.spec else None
-    result.findings = [to_diagnostic(f, fallback) for f in lowered.findings]
+    result.findings = findings
     return result

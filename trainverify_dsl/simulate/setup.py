@@ -44,25 +44,29 @@ def resolve_plan(path: str | Path) -> Plan:
     return result.plan
 
 
-def prepare(path: str | Path, *, shrink: bool = True, real: bool = True,
+def prepare(path: str | Path, *, shrink: bool | None = None, real: bool = True,
             allow_model_outside_root: bool = False) -> SimulationSetup:
     """Resolve the plan and build its model. The model file is looked up from the plan's
     folder and must lie inside it, the project or the stdlib unless
-    ``allow_model_outside_root`` (``spec/load.py``); a refused file is not imported."""
-    from trainverify_dsl.simulate.shrink import shrunk_sizes
+    ``allow_model_outside_root`` (``spec/load.py``); a refused file is not imported.
+    ``shrink``: ``None`` shrinks a model with a width above ``shrink.SMALL`` (or a batch
+    above 64), ``True`` always shrinks, ``False`` never does."""
+    from trainverify_dsl.simulate.shrink import NOT_CONFIG, needs_shrinking
     from trainverify_dsl.spec.load import load_model, model_input_specs
 
     plan = resolve_plan(path)
     if plan.spec is None or plan.mesh is None:
         raise SimulationSetupError([], f"{path}: a simulated plan needs a `spec` line and a "
                                        "`mesh`")
-    from trainverify_dsl.simulate.shrink import NOT_CONFIG
     settings = {k: _plain(v) for k, v in plan.spec.settings if k not in NOT_CONFIG}
-    overrides, batch, seq = shrunk_sizes(plan, settings) if shrink else ({}, None, None)
+    # located (and refused if outside the allowed roots) before anything imports it
+    model_ref = locate_model(plan, Path(path), allow_model_outside_root)
+    if shrink is None:
+        shrink = needs_shrinking(plan, settings)
+    overrides, batch, seq = _shrunk(plan, settings, model_ref) if shrink else ({}, None, None)
     batch = batch or plan.spec.batch or 1
     seq = seq or plan.spec.seq or 1
     kwargs = {**settings, **overrides}
-    model_ref = locate_model(plan, Path(path), allow_model_outside_root)
     fake = load_model(model_ref, **kwargs)
     real_model = load_model(model_ref, fake=False, **kwargs) if real else None
     specs = dict(model_input_specs(fake, batch, seq))
@@ -91,6 +95,20 @@ def locate_model(plan: Plan, path: Path, allow_outside_root: bool) -> Any:
         raise SpecError([replace(d, span=span, notes=d.notes + (
             f"the model reference is `{plan.spec.model}`",)) for d in error.diagnostics]) \
             from None
+
+
+def _shrunk(plan: Plan, settings: dict[str, Any], model_ref: Any
+            ) -> tuple[dict[str, Any], int, int]:
+    from trainverify_dsl.simulate.shrink import ShrinkError, shrink_plan
+
+    try:
+        shrunk = shrink_plan(plan, settings, model_ref)
+    except ShrinkError as error:
+        assert plan.spec is not None
+        raise SimulationSetupError([], f"{plan.spec.origin.span.file}: cannot shrink the "
+                                       f"model: {error}; simulate it at full size with "
+                                       "--no-shrink") from None
+    return shrunk.overrides, shrunk.batch, shrunk.seq
 
 
 def _plain(value: Any) -> Any:

@@ -1,95 +1,480 @@
-"""Small model sizes for simulating a full-size plan, keeping its mesh.
+"""Small model sizes for simulating a full-size plan, keeping its mesh and every divisibility
+it has (docs/semantics.md, "Shrinking for simulation").
 
-The mesh, the microbatch count, the layer count (pipeline stages name layer indices) and every
-divisibility the plan relies on are kept; widths shrink to the least sizes the mesh divides:
-the batch to (batch axes x microbatches), the sequence to a few positions per rank of the axes
-that may split it, heads and kv heads to the tensor-parallel degree (keeping grouped-query
-attention's ratio at 2 when the model had one), hidden and FFN widths and the vocabulary to
-small multiples of the axes that split them, routed experts to a multiple of the expert axis.
+The rule works on **widths**: the model's independent integer sizes (config fields, with the
+derived ones of ``DERIVED`` rewritten as products of independent ones, plus ``batch`` and
+``seq``). Every tensor dimension the plan can split is a product of widths (a monomial).
 
-A model whose config is already small (every width at most ``SMALL``) is not shrunk.
+1. **Which widths feed which split.** The model is built on fake tensors with every width set
+   to a distinct large prime (a *probe*); the exponent of a width in a dimension is then the
+   multiplicity of its prime in the dimension's size. The plan is bound to the probe model
+   (``bind_plan``): each parameter and input dimension split over mesh axes, each module
+   boundary a collective splits or gathers along a dimension (shapes from one fake forward),
+   and each parameter's ZeRO block (Rule 6.1) is a *divisibility*: a monomial and the product
+   ``N`` of the axis sizes (times the microbatches on an input's batch dimension) that must
+   divide it.
+2. **How much of each width to keep.** Let ``A(w)`` be every axis that splits any dimension
+   fed by width ``w`` (and ``@mb`` when ``w`` feeds a batch dimension); for every prime ``p``
+   of ``N(w) = prod A(w)`` the shrunk width keeps ``min(v_p(w), v_p(N(w)))`` factors ``p``.
+   Because every width of a split dimension keeps enough, every sub-product keeps enough too,
+   so a reshape of that dimension into heads divides as it does at full size. ZeRO blocks are
+   the exception (only the whole dimension 0 is cut into blocks): a ZeRO divisibility that the
+   widths do not meet yet gets the missing factors from the width with the most to spare.
+3. **Minimum sizes and ratios.** A width that is at least 2 stays at least 2 (the shape
+   reduction theorem needs computing dimensions >= 2), multiplying by the least number that
+   gives no mesh prime more factors than the full-size width has, so no divisibility appears
+   that the full-size width lacks; ratios
+   the model relies on (``head_dim = hidden / n_heads``, the grouped-query ratio
+   ``n_heads / n_kv_heads``, experts per routing group) are independent widths themselves, so
+   they keep their mesh factors and stay >= 2 when they were. A shrunk width never exceeds the
+   full-size one.
+
+So a divisibility over the mesh's primes holds shrunk exactly when it holds at full size;
+axis and input names mean nothing. The one per-model table, ``DERIVED`` (with ``KEPT`` and
+``AT_LEAST``), is data: which config fields are products of others, which are counts that
+must not change (layer counts, routing top-k) and model-intrinsic lower bounds.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from trainverify_dsl.plan.model import Plan
 
-#: Widths at or below this are simulated as they are.
+#: Widths at or below this are simulated as they are (unless shrinking is forced).
 SMALL = 128
 #: Spec-line settings that are not model config fields.
 NOT_CONFIG = ("config", "batch", "seq")
+#: Counts kept by every model (pipeline stages and layouts name layer indices).
+KEPT_ALWAYS = ("n_layers",)
+
+#: Per model class (the config's ``model``): config fields that are products of other widths,
+#: in the order to rebuild them; the new independent width is named after the quotient.
+#: ``(field, (outer factor, new inner width))``: ``field = outer * inner``.
+DERIVED: dict[str, tuple[tuple[str, tuple[str, str]], ...]] = {
+    "Llama": (("n_heads", ("n_kv_heads", "kv_group")), ("hidden", ("n_heads", "head_dim"))),
+    "GPT2": (("hidden", ("n_heads", "head_dim")),),
+    "DeepSeekV3": (("n_routed_experts", ("n_group", "experts_per_group")),),
+}
+#: Counts that are not shrunk (structure, routing top-k, RoPE scaling constants).
+KEPT: dict[str, tuple[str, ...]] = {
+    "Llama": ("rope_original_max_seq_len",),
+    "DeepSeekV3": ("n_dense_layers", "n_group", "topk_group", "n_activated_experts",
+                   "n_shared_experts"),
+}
+#: Model-intrinsic bounds on the shrunk widths: (width, multiple it keeps, least value).
+AT_LEAST: dict[str, tuple[tuple[str, int, Callable[[Mapping[str, Any]], int]], ...]] = {
+    "Llama": (("head_dim", 2, lambda c: 2),),  # RoPE rotates pairs
+    "DeepSeekV3": (("qk_rope_head_dim", 2, lambda c: 2),
+                   ("experts_per_group", 1,
+                    lambda c: max(2, -(-c["n_activated_experts"] // c["topk_group"])))),
+}
+#: Probe primes start here; no mesh factor or model constant is that large.
+PROBE_FLOOR = 101
+#: Sums of at most this many widths, times a constant up to ``SUM_SCALES``, are recognised in
+#: a dimension; constants of the model in a dimension must stay below ``PROBE_FLOOR``.
+SUM_TERMS = 3
+SUM_SCALES = 8
+#: ``max_seq_len`` follows the shrunk sequence (RoPE tables and position embeddings).
+SEQ_BOUND = "max_seq_len"
 
 
-def _config(plan: Plan) -> dict[str, Any]:
+class ShrinkError(ValueError):
+    """The model cannot be probed (its constructor rejects independent widths)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Divisibility:
+    """The product of ``widths`` (each with its exponent) must be divisible by the sizes of
+    ``axes`` (mesh axes, and ``@mb`` for the microbatches of a batch dimension)."""
+
+    widths: tuple[tuple[str, int], ...]
+    axes: tuple[tuple[str, int], ...]
+    #: factors that are sums of widths (each summand must keep the factors: a sum of
+    #: multiples of ``n`` is one)
+    sums: tuple[tuple[str, ...], ...] = ()
+    #: a ZeRO block: only the whole product is cut, never a sub-product
+    whole: bool = False
+    #: what the divisibility comes from, for messages and tests
+    source: str = ""
+
+    def members(self) -> tuple[str, ...]:
+        return tuple(w for w, _ in self.widths) + tuple(w for s in self.sums for w in s)
+
+    @property
+    def n(self) -> int:
+        return math.prod(n for _, n in self.axes)
+
+
+def _primes(n: int) -> Iterator[int]:
+    p = 2
+    while p * p <= n:
+        if n % p == 0:
+            yield p
+            while n % p == 0:
+                n //= p
+        p += 1
+    if n > 1:
+        yield n
+
+
+def _valuation(n: int, p: int) -> int:
+    k = 0
+    while n and n % p == 0:
+        n //= p
+        k += 1
+    return k
+
+
+# -- widths ---------------------------------------------------------------------------------
+
+
+def independent_widths(config: Mapping[str, Any], model: str, batch: int, seq: int
+                       ) -> dict[str, int]:
+    """The model's independent widths at full size (``DERIVED`` fields replaced by their
+    inner factor), with ``batch`` and ``seq``."""
+    kept = set(KEPT_ALWAYS) | set(KEPT.get(model, ())) | {SEQ_BOUND}
+    widths = {k: v for k, v in config.items() if type(v) is int and k not in kept}
+    for field, (outer, inner) in DERIVED.get(model, ()):
+        if field in widths and outer in config and config[outer]:
+            widths[inner] = config[field] // config[outer]
+            del widths[field]
+    return {**widths, "batch": batch, "seq": seq}
+
+
+def config_values(widths: Mapping[str, int], config: Mapping[str, Any], model: str
+                  ) -> dict[str, Any]:
+    """Config overrides for ``widths`` (derived fields rebuilt, ``max_seq_len`` = seq)."""
+    values = {k: v for k, v in widths.items() if k not in ("batch", "seq")}
+    for field, (outer, inner) in DERIVED.get(model, ()):
+        if inner in values:
+            values[field] = values.get(outer, config.get(outer)) * values.pop(inner)
+    if SEQ_BOUND in config:
+        values[SEQ_BOUND] = widths["seq"]
+    return {k: v for k, v in values.items() if k in config or k in widths}
+
+
+# -- the probe ------------------------------------------------------------------------------
+
+
+def probe_primes(widths: Mapping[str, int], multiples: Mapping[str, int]) -> dict[str, int]:
+    """A distinct prime >= ``PROBE_FLOOR`` per width above 1, chosen so that no sum of up to
+    ``SUM_TERMS`` probe values (prime times the width's multiple) is divisible by another
+    probe prime or made of small primes only: a dimension's factors and sums then read back
+    without coincidences (``monomial``)."""
+    out: dict[str, int] = {}
+    candidate = PROBE_FLOOR
+    for name in sorted(w for w in widths if widths[w] > 1):
+        while not (_is_prime(candidate) and
+                   _no_coincidence({**out, name: candidate}, multiples)):
+            candidate += 2
+        out[name] = candidate
+        candidate += 2
+    return out
+
+
+def _is_prime(n: int) -> bool:
+    return n > 1 and all(n % d for d in range(2, math.isqrt(n) + 1))
+
+
+def _no_coincidence(primes: Mapping[str, int], multiples: Mapping[str, int]) -> bool:
+    """No sum of 2..``SUM_TERMS`` probe values is divisible by a probe prime, and no two such
+    sums (times a constant up to ``SUM_SCALES``) are equal."""
+    values = {w: q * multiples.get(w, 1) for w, q in primes.items()}
+    seen: set[int] = set()
+    for count in range(2, SUM_TERMS + 1):
+        for group in itertools.combinations(sorted(values), count):
+            total = sum(values[w] for w in group)
+            if any(total % q == 0 for q in primes.values()):
+                return False
+            scaled = {total * k for k in range(1, SUM_SCALES + 1)}
+            if scaled & seen:
+                return False
+            seen |= scaled
+    return True
+
+
+def monomial(size: int, probe: Mapping[str, int], primes: Mapping[str, int]
+             ) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, ...], ...]]:
+    """The widths (with exponents) a probe dimension of ``size`` is the product of, and the
+    sums of widths among its factors (DeepSeek's ``qk_nope_head_dim + qk_rope_head_dim``).
+    ``probe``: the probe value of each width, ``primes``: its probe prime."""
+    factors = tuple((w, _valuation(size, q)) for w, q in sorted(primes.items())
+                    if size % q == 0)
+    rest = size // math.prod(primes[w] ** e for w, e in factors)
+    if rest < PROBE_FLOOR:  # a constant of the model (a top-k, a pair of RoPE halves)
+        return factors, ()
+    for scale in range(1, SUM_SCALES + 1):
+        if rest % scale == 0:
+            found = _summands(rest // scale, probe)
+            if found:
+                return factors, (found,)
+    raise ShrinkError(f"a dimension of size {size} at probe widths {dict(probe)} is neither a "
+                      "product nor a sum of widths")
+
+
+def _summands(total: int, probe: Mapping[str, int]) -> tuple[str, ...] | None:
+    names = sorted(w for w, v in probe.items() if v >= PROBE_FLOOR)  # the probed widths
+    for count in range(2, min(len(names), SUM_TERMS) + 1):
+        for group in itertools.combinations(names, count):
+            if sum(probe[w] for w in group) == total:
+                return group
+    return None
+
+
+# -- the rule -------------------------------------------------------------------------------
+
+
+def keep_exponents(widths: Mapping[str, int], rules: list[Divisibility],
+                   multiples: Mapping[str, int]) -> dict[str, dict[int, int]]:
+    """Per width and mesh prime, how many factors the shrunk width keeps (step 2 of the
+    module docstring, with the model's own multiples), before the minimum sizes."""
+    primes = mesh_primes(rules, multiples)
+    axes_of: dict[str, dict[str, int]] = {w: {} for w in widths}
+    for rule in rules:
+        if not rule.whole:
+            for w in rule.members():
+                axes_of[w].update(rule.axes)
+    keep = {w: {p: min(_valuation(widths[w], p),
+                       sum(_valuation(n, p) for n in axes_of[w].values()))
+                for p in primes} for w in widths}
+    for w, m in multiples.items():
+        if w in keep:
+            for p in _primes(m):
+                keep[w][p] = max(keep[w][p], min(_valuation(widths[w], p), _valuation(m, p)))
+    for rule in rules:
+        if rule.whole:
+            _top_up(rule, widths, keep)
+    return keep
+
+
+def mesh_primes(rules: list[Divisibility], multiples: Mapping[str, int]) -> list[int]:
+    return sorted({p for r in rules for p in _primes(r.n)} |
+                  {p for m in multiples.values() for p in _primes(m)})
+
+
+def _top_up(rule: Divisibility, widths: Mapping[str, int],
+            keep: dict[str, dict[int, int]]) -> None:
+    """Give a ZeRO divisibility its missing factors from the width with the most to spare
+    (a sum only when no product width has any: its summands with the fewest grow)."""
+    for p in _primes(rule.n):
+        while _kept(rule, keep, p) < _valuation(rule.n, p):
+            spare = [(_valuation(widths[w], p) - keep[w][p], w) for w, _ in rule.widths
+                     if _valuation(widths[w], p) > keep[w][p]]
+            if spare:
+                keep[max(spare)[1]][p] += 1
+                continue
+            grown = next((s for s in rule.sums if _lowest_can_grow(s, widths, keep, p)), None)
+            if grown is None:
+                return  # the full-size plan lacks it too (reported by the full-size pass)
+            lowest = min(keep[w][p] for w in grown)
+            for w in grown:
+                if keep[w][p] == lowest:
+                    keep[w][p] += 1
+
+
+def _lowest_can_grow(summands: tuple[str, ...], widths: Mapping[str, int],
+                     keep: Mapping[str, Mapping[int, int]], p: int) -> bool:
+    """The summands holding the fewest factors ``p`` (they bound the sum's) all have more."""
+    lowest = min(keep[w][p] for w in summands)
+    return all(_valuation(widths[w], p) > lowest for w in summands if keep[w][p] == lowest)
+
+
+def _kept(rule: Divisibility, keep: Mapping[str, Mapping[int, int]], p: int) -> int:
+    """A lower bound of ``v_p`` of the rule's shrunk product."""
+    return sum(e * keep[w][p] for w, e in rule.widths) + \
+        sum(min(keep[w][p] for w in s) for s in rule.sums)
+
+
+def shrink_widths(widths: Mapping[str, int], rules: list[Divisibility],
+                  multiples: Mapping[str, int], least: Mapping[str, int]) -> dict[str, int]:
+    """The shrunk value of every width (the rule of the module docstring)."""
+    keep = keep_exponents(widths, rules, multiples)
+    primes = mesh_primes(rules, multiples)
+    out = {}
+    for w, full in widths.items():
+        base = math.prod(p ** e for p, e in keep[w].items())
+        lowest = least.get(w, 2 if full >= 2 else full)
+        k = 1
+        while base * k < lowest or any(_valuation(k, p) > _valuation(full, p) - keep[w][p]
+                                       for p in primes):
+            k += 1
+        out[w] = min(full, base * k)
+    return out
+
+
+# -- divisibilities of a plan ---------------------------------------------------------------
+
+
+def plan_divisibilities(plan: Plan, binding: Any, points: Mapping[str, tuple[int, ...]],
+                        probe: Mapping[str, int], primes: Mapping[str, int]
+                        ) -> list[Divisibility]:
+    """Every divisibility the plan imposes on the probe model ``binding`` is bound to (module
+    docstring, step 1): split parameter and input dimensions, ZeRO blocks, and dimensions
+    collectives split or gather at module boundaries (``points``: boundary -> probe shape)."""
+    from trainverify_dsl.lower.bind import PLACEMENT_AXES
+    from trainverify_dsl.lower.layout import MICROBATCH_AXIS
+    from trainverify_dsl.lower.lowering import input_sizes
+
+    sizes = input_sizes(plan)
+
+    def axes(names: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+        return tuple((a, sizes[a]) for a in names
+                     if a in sizes and a not in PLACEMENT_AXES and sizes[a] > 1)
+
+    rules = []
+    tensors = [(n, s, binding.param_layouts.get(n), False) for n, s in binding.params.items()]
+    tensors += [(n, s, binding.data_layouts.get(n), True) for n, s in binding.data.items()]
+    for name, shape, layout, batch in tensors:
+        for d, size in enumerate(shape):
+            split = axes(layout.axes_of_dim(d)) if layout else ()
+            if batch and d == 0 and sizes[MICROBATCH_AXIS] > 1:
+                split += ((MICROBATCH_AXIS, sizes[MICROBATCH_AXIS]),)
+            if split:
+                rules.append(_rule(size, split, probe, primes, source=f"{name} dimension {d}"))
+    rules += _zero_blocks(plan, binding, axes, probe, primes)
+    for point, statements in binding.point_collectives.items():
+        shape = points.get(point)
+        for st in statements:
+            for d in (st.dim, st.split_dim, st.concat_dim):
+                if shape is not None and d is not None and -len(shape) <= d < len(shape):
+                    rules.append(_rule(shape[d], axes(st.axes), probe, primes,
+                                       source=f"{st.kind} {point} dimension {d}"))
+    return [r for r in rules if r.axes and r.members()]
+
+
+def _rule(size: int, axes: tuple[tuple[str, int], ...], probe: Mapping[str, int],
+          primes: Mapping[str, int], *, source: str, whole: bool = False) -> Divisibility:
+    factors, sums = monomial(size, probe, primes)
+    return Divisibility(factors, axes, sums, whole, source)
+
+
+def _zero_blocks(plan: Plan, binding: Any, axes: Callable[[tuple[str, ...]], Any],
+                 probe: Mapping[str, int], primes: Mapping[str, int]) -> list[Divisibility]:
+    """Rule 6.1: each parameter's dimension 0 is cut into its own split times the ZeRO group."""
+    if plan.optimizer is None or not axes(plan.optimizer.shard_axes):
+        return []
+    group = axes(plan.optimizer.shard_axes)
+    rules = []
+    for name, shape in binding.params.items():
+        layout = binding.param_layouts.get(name)
+        own = axes(layout.axes_of_dim(0)) if layout else ()
+        if shape:
+            rules.append(_rule(shape[0], own + group, probe, primes, whole=True,
+                                      source=f"ZeRO block of {name}"))
+    return rules
+
+
+def point_shapes(model: Any, inputs: Mapping[str, Any], points: set[str]
+                 ) -> dict[str, tuple[int, ...]]:
+    """Shapes at module boundaries ``X.in`` / ``X.out``, from one fake forward with hooks."""
+    import torch
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    modules = dict(model.named_modules())
+    handles = []
+    for point in points:
+        path, _, side = point.rpartition(".")
+        module = modules.get(path)
+        if module is None or not path:
+            continue
+        if side == "in":
+            handles.append(module.register_forward_pre_hook(
+                lambda _m, args, _p=point: _record(shapes, _p, args)))
+        else:
+            handles.append(module.register_forward_hook(
+                lambda _m, _a, out, _p=point: _record(shapes, _p, (out,))))
+    try:
+        mode = next(iter(model.parameters())).fake_mode
+        with mode, torch.no_grad():
+            model(*[torch.zeros(tuple(s), dtype=d) for s, d in inputs.values()])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return shapes
+
+
+def _record(shapes: dict[str, tuple[int, ...]], point: str, values: tuple[Any, ...]) -> None:
+    import torch
+
+    first = next((v for v in values if isinstance(v, torch.Tensor)), None)
+    if first is not None:
+        shapes.setdefault(point, tuple(int(n) for n in first.shape))
+
+
+# -- the plan's shrunk sizes ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Shrunk:
+    """Config overrides, batch and seq for the simulation, and the rule's evidence."""
+
+    overrides: dict[str, Any]
+    batch: int
+    seq: int
+    widths: dict[str, int]
+    full: dict[str, int]
+    rules: tuple[Divisibility, ...]
+
+
+def _class_name(plan: Plan) -> str:
+    assert plan.spec is not None
+    return plan.spec.model.rpartition(":")[2]
+
+
+def _config(plan: Plan, settings: Mapping[str, Any]) -> dict[str, Any]:
     from trainverify_dsl.spec.load import read_configs
 
     assert plan.spec is not None
-    return dict(read_configs().get(plan.spec.config or "", {}))
+    base = dict(read_configs().get(plan.spec.config or "", {})) if plan.spec.config else {}
+    base.pop("model", None)
+    base.pop("file", None)
+    return {**base, **{k: v for k, v in settings.items() if k not in NOT_CONFIG}}
 
 
-def _axes_size(plan: Plan, skip: tuple[str, ...]) -> int:
-    assert plan.mesh is not None
-    return math.prod(a.size for a in plan.mesh.axes if a.name not in skip)
+def needs_shrinking(plan: Plan, settings: Mapping[str, Any]) -> bool:
+    assert plan.spec is not None
+    config = _config(plan, settings)
+    model = _class_name(plan)
+    widths = independent_widths(config, model, plan.spec.batch or 1, plan.spec.seq or 1)
+    return any(v > SMALL for k, v in widths.items() if k != "batch") or \
+        widths["batch"] > 64
 
 
-def _batch_axes(plan: Plan) -> tuple[str, ...]:
-    for layout in plan.layouts:
-        if str(layout.target) in ("tokens", "x"):
-            return tuple(a for a in layout.axes_of_dim(0) if a != "pp")
-    return ()
+def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) -> Shrunk:
+    """The shrunk sizes of ``plan``'s model (the rule of the module docstring); ``model_ref``
+    is the model file already located and allowed (``setup.locate_model``). Raises
+    ``ShrinkError`` when the model cannot be probed, ``SpecError`` when it cannot be built."""
+    from trainverify_dsl.lower.bind import bind_plan
+    from trainverify_dsl.lower.lowering import input_sizes
+    from trainverify_dsl.spec.load import load_model, model_input_specs
 
+    assert plan.spec is not None and plan.mesh is not None
+    config, model = _config(plan, settings), _class_name(plan)
+    full = independent_widths(config, model, plan.spec.batch or 1, plan.spec.seq or 1)
+    bounds = AT_LEAST.get(model, ())
+    multiples = {w: m for w, m, _ in bounds if w in full}
+    primes = probe_primes(full, multiples)
+    probe = {w: primes[w] * multiples.get(w, 1) if w in primes else v for w, v in full.items()}
+    try:
+        fake = load_model(model_ref or plan.spec.model, plan.spec.config,
+                          **{**settings, **config_values(probe, config, model)})
+    except Exception as error:  # noqa: BLE001 - a SpecError or the model's own check
+        raise ShrinkError(f"the model rejects independent widths {probe}: {error}") from None
+    specs = dict(model_input_specs(fake, probe["batch"], probe["seq"]))
+    binding = bind_plan(plan, fake, {k: tuple(s) for k, (s, _) in specs.items()},
+                        input_sizes(plan))
+    points = {p for p, sts in binding.point_collectives.items()
+              if any(d is not None for st in sts for d in (st.dim, st.split_dim, st.concat_dim))}
+    shapes = point_shapes(fake, specs, points) if points else {}
+    rules = plan_divisibilities(plan, binding, shapes, probe, primes)
+    least = {w: lowest(config) for w, _, lowest in bounds if w in full}
+    widths = shrink_widths(full, rules, multiples, least)
+    overrides = config_values(widths, config, model)
+    return Shrunk({k: v for k, v in overrides.items() if config.get(k) != v},
+                  widths["batch"], widths["seq"], widths, full, tuple(rules))
 
-def shrunk_sizes(plan: Plan, settings: dict[str, Any]) -> tuple[dict[str, Any], int | None,
-                                                                 int | None]:
-    """``(config overrides, batch, seq)`` to simulate ``plan``; empty when already small."""
-    assert plan.mesh is not None and plan.spec is not None
-    config = {**_config(plan), **{k: v for k, v in settings.items() if k not in NOT_CONFIG}}
-    widths = [v for k, v in config.items() if isinstance(v, int) and k not in (
-        "n_layers", "n_dense_layers", "n_group", "topk_group", "n_activated_experts",
-        "n_shared_experts", "max_seq_len", "rope_original_max_seq_len")]
-    batch_axes = _batch_axes(plan)
-    sizes = {a.name: a.size for a in plan.mesh.axes}
-    n_batch = math.prod(sizes[a] for a in batch_axes) * plan.microbatches
-    if all(w <= SMALL for w in widths) and (plan.spec.batch or 0) <= 64:
-        return {}, None, None
-    tp = sizes.get("tp", 1)
-    ep = sizes.get("ep", 1)
-    cp = sizes.get("cp", 1)
-    # ZeRO-1 needs every parameter's local dimension 0 divisible by the shard group (Rule 6.1)
-    z = math.prod(sizes[a] for a in plan.optimizer.shard_axes) if plan.optimizer else 1
-
-    def unit(k: int) -> int:
-        """The least multiple of ``k`` that a ZeRO block divides."""
-        return math.lcm(k, z)
-
-    batch = n_batch
-    seq = 2 * tp * cp
-    model = config.get("model")
-    out: dict[str, Any] = {}
-    if model == "MLP":
-        out = {"d_in": unit(2 * tp), "d_hidden": unit(2 * tp), "d_out": unit(2 * tp)}
-        seq = 1
-    elif model in ("Llama", "GPT2"):
-        heads, head_dim = 2 * tp, unit(2)
-        out = {"hidden": heads * head_dim, "n_heads": heads, "ffn_hidden": tp * unit(2),
-               "vocab_size": tp * unit(4), "max_seq_len": max(seq, 8)}
-        if model == "Llama":
-            gqa = config.get("n_kv_heads", heads) < config.get("n_heads", 0)
-            out["n_kv_heads"] = tp if gqa else heads
-            out["rope_original_max_seq_len"] = config.get("rope_original_max_seq_len", 8192)
-    elif model == "DeepSeekV3":
-        groups = config.get("n_group", 1)
-        experts = math.lcm(ep * unit(2), 2 * groups)
-        out = {"hidden": unit(8), "n_heads": tp, "dense_ffn": tp * unit(2),
-               "moe_inter": tp * unit(2), "vocab_size": tp * unit(4),
-               "n_routed_experts": experts, "qk_nope_head_dim": unit(2),
-               "qk_rope_head_dim": unit(2), "v_head_dim": unit(2), "kv_lora_rank": unit(4),
-               "max_seq_len": max(seq, 8),
-               "n_activated_experts": min(config.get("n_activated_experts", 2), 2),
-               "topk_group": min(config.get("topk_group", 1), groups)}
-        if config.get("q_lora_rank"):
-            out["q_lora_rank"] = unit(4)
-    return out, batch, seq

@@ -1,0 +1,304 @@
+"""Sound shrinking for ``tvp simulate`` (docs/semantics.md, "Shrinking for simulation").
+
+The rule itself (``shrink_widths``) on hand-made divisibilities, with a hypothesis property;
+the sizes it gives real plans, which must not depend on axis or input names; and one
+regression per gap of issue 8: a split that does not divide the real size is an error of
+``tvp simulate`` (exit 1, never "agrees"), and correct plans with unconventional names or ZeRO
+over a tensor-parallel layout agree.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainverify_dsl.cli.main import main
+from trainverify_dsl.cli.simulate_cmd import agrees
+from trainverify_dsl.simulate.setup import _plain, resolve_plan
+from trainverify_dsl.simulate.shrink import Divisibility, shrink_plan, shrink_widths
+
+MEGATRON = Path(__file__).resolve().parents[1] / "stdlib" / "megatron.tvp"
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
+def rule(widths: dict[str, int], axes: dict[str, int], whole: bool = False) -> Divisibility:
+    return Divisibility(tuple(widths.items()), tuple(axes.items()), whole=whole)
+
+
+def product(widths: dict[str, int], rule: Divisibility) -> int:
+    return math.prod(widths[w] ** e for w, e in rule.widths)
+
+
+# -- the rule -------------------------------------------------------------------------------
+
+
+def test_a_split_that_does_not_divide_stays_one_that_does_not() -> None:
+    # tp=3 over an MLP width of 8: rebuilding the width from the mesh (2 * tp) hid the error
+    shrunk = shrink_widths({"d_hidden": 8}, [rule({"d_hidden": 1}, {"tp": 3})], {}, {})
+    assert shrunk["d_hidden"] % 3 != 0 and 2 <= shrunk["d_hidden"] <= 8
+
+
+def test_a_vocabulary_without_the_mesh_factor_keeps_none() -> None:
+    shrunk = shrink_widths({"vocab_size": 50257}, [rule({"vocab_size": 1}, {"tp": 2})], {}, {})
+    assert shrunk["vocab_size"] % 2 == 1 and shrunk["vocab_size"] >= 2
+
+
+def test_a_width_keeps_exactly_the_factors_of_the_axes_that_split_it() -> None:
+    rules = [rule({"hidden": 1}, {"tp": 8}), rule({"batch": 1}, {"dp": 4, "@mb": 16})]
+    assert shrink_widths({"hidden": 4096, "batch": 512}, rules, {}, {}) == \
+        {"hidden": 8, "batch": 64}
+
+
+def test_zero_blocks_take_their_factors_from_a_width_with_some_to_spare() -> None:
+    # ZeRO over dp=4 of a weight whose rows are n_heads * head_dim, split over tp=2
+    widths = {"n_heads": 4, "head_dim": 128}
+    rules = [rule({"n_heads": 1, "head_dim": 1}, {"tp": 2}),
+             rule({"n_heads": 1, "head_dim": 1}, {"tp": 2, "dp": 4}, whole=True)]
+    shrunk = shrink_widths(widths, rules, {}, {})
+    assert (shrunk["n_heads"] * shrunk["head_dim"]) % 8 == 0
+    assert shrunk["n_heads"] % 2 == 0 and shrunk["head_dim"] % 2 == 0  # a reshape into heads
+
+
+def test_minimum_two_and_never_above_the_full_width() -> None:
+    shrunk = shrink_widths({"a": 7, "b": 1, "c": 2, "d": 3}, [rule({"a": 1}, {"x": 2})], {}, {})
+    assert shrunk == {"a": 3, "b": 1, "c": 2, "d": 3}  # 2 would make `a` divisible by x
+
+
+def test_model_multiples_and_least_values_are_kept() -> None:
+    shrunk = shrink_widths({"head_dim": 128, "experts": 64}, [], {"head_dim": 2},
+                           {"experts": 6})
+    assert shrunk["head_dim"] == 2 and shrunk["experts"] >= 6
+
+
+MESH = st.fixed_dictionaries({a: st.sampled_from([2, 3, 4, 6]) for a in ("a", "b", "c", "@mb")})
+WIDTH = st.builds(lambda e2, e3, e5, k: 2 ** e2 * 3 ** e3 * 5 ** e5 * k,
+                  st.integers(0, 6), st.integers(0, 3), st.integers(0, 1),
+                  st.sampled_from([1, 7, 11]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(widths=st.dictionaries(st.sampled_from(["u", "v", "w", "z"]), WIDTH, min_size=1),
+       data=st.data())
+def test_every_divisibility_holds_shrunk_exactly_when_it_holds_at_full_size(
+        widths: dict[str, int], data: st.DataObject) -> None:
+    names = sorted(widths)
+    mesh = data.draw(MESH)  # one size per axis, as in a plan
+    monomials = st.dictionaries(st.sampled_from(names), st.integers(1, 2), min_size=1)
+    axes = st.lists(st.sampled_from(sorted(mesh)), min_size=1, max_size=3, unique=True).map(
+        lambda names_: {a: mesh[a] for a in names_})
+    rules = data.draw(st.lists(st.builds(rule, monomials, axes, st.booleans()), max_size=5))
+    shrunk = shrink_widths(widths, rules, {}, {})
+    for r in rules:
+        assert (product(widths, r) % r.n == 0) == (product(shrunk, r) % r.n == 0), r
+        if not r.whole:  # every sub-product too (a reshape of the dimension)
+            for w, _ in r.widths:
+                assert (widths[w] % r.n == 0) <= (shrunk[w] % r.n == 0)
+    for w in widths:
+        assert 1 <= shrunk[w] <= widths[w] and (shrunk[w] >= 2 or widths[w] < 2)
+
+
+# -- sizes of plans: names mean nothing -----------------------------------------------------
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    """The plan, with a ``spec-optimizer`` stating the plan's own optimizer recipe (these
+    tests are about sizes, not about the optimizer)."""
+    lines = textwrap.dedent(text).lstrip().replace("MEGATRON", str(MEGATRON)).splitlines()
+    recipe = [line.split(" shard over")[0].replace("optimizer", "spec-optimizer", 1)
+              for line in lines if line.startswith("optimizer ")]
+    path = tmp_path / f"{name}.tvp"
+    path.write_text("\n".join(lines + recipe) + "\n")
+    return path
+
+
+def mlp_plan(axis: str = "tp", dp: int = 2, tp: int = 2, extra: str = "",
+             spec: str = "config mlp_small batch 64 seq 1", optimizer: str = "") -> str:
+    return f"""
+        plan mlp
+        spec "stdlib/models/mlp.py:MLP" {spec}
+        mesh dp={dp}, {axis}={tp}
+        use "MEGATRON"
+        split x [dp, -]
+        split target [dp, -]
+        apply column_parallel_bias(fc1, {axis})
+        apply row_parallel_bias(fc2, {axis})
+        {extra}
+        all-reduce grad(params) over dp op=avg
+        optimizer sgd lr=0.1{optimizer}
+        """
+
+
+def sizes(path: Path) -> tuple[dict[str, int], int, int]:
+    plan = resolve_plan(path)
+    assert plan.spec is not None
+    settings_ = {k: _plain(v) for k, v in plan.spec.settings
+                 if k not in ("config", "batch", "seq")}
+    shrunk = shrink_plan(plan, settings_)
+    return shrunk.overrides, shrunk.batch, shrunk.seq
+
+
+def test_axis_names_mean_nothing(tmp_path: Path) -> None:
+    assert sizes(write(tmp_path, "tp", mlp_plan("tp"))) == \
+        sizes(write(tmp_path, "mp", mlp_plan("mp")))
+
+
+def test_a_batch_split_is_found_by_layout_not_by_input_name(tmp_path: Path) -> None:
+    path = write(tmp_path, "inp", """
+        plan inp
+        spec "tests/models/tiny_nets.py:RenamedInputs" d 256 hidden 1024 batch 96 seq 4
+        mesh rows=3, mp=2
+        microbatches 2
+        use "MEGATRON"
+        split inp [rows, -, -]
+        split goal [rows, -, -]
+        apply column_parallel(fc1, mp)
+        apply row_parallel(fc2, mp)
+        all-reduce grad(params) over rows op=avg
+        optimizer sgd lr=0.1
+        """)
+    overrides, batch, seq = sizes(path)
+    assert batch == 6 and seq == 2  # rows x microbatches; the sequence is not split
+    assert overrides["hidden"] == 2 and overrides["d"] == 2  # mp splits hidden, nothing d
+
+
+# -- regressions: tvp simulate, end to end --------------------------------------------------
+
+
+def simulate(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(["simulate", str(path)])
+    return code, capsys.readouterr().out
+
+
+def test_tp3_over_an_mlp_width_of_8_is_an_error(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "tp3", mlp_plan(tp=3, spec="config mlp_small d_hidden 8 batch 64 "
+                                                      "seq 1"))
+    code, out = simulate(path, capsys)
+    assert code == 1 and "agrees" not in out
+    # reported by the full-size pass (at the template line that splits the weight)
+    assert "size 8, not divisible by tp (3)" in out and "TVP234" in out
+
+
+def test_gpt2_vocabulary_over_tp2_is_an_error(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "gpt2", """
+        plan gpt2_vocab
+        spec "stdlib/models/gpt2.py:GPT2" config gpt2_small batch 8 seq 16
+        mesh dp=2, tp=2
+        use "MEGATRON"
+        split tokens [dp, -]
+        split labels [dp, -]
+        apply vocab_parallel_embedding(embed, tp)
+        all-reduce grad(params) over dp op=avg
+        optimizer sgd lr=0.1
+        """)
+    code, out = simulate(path, capsys)
+    assert code == 1 and "agrees" not in out
+    assert "size 50257, not divisible by tp (2)" in out and "TVP234" in out
+
+
+def test_8_kv_heads_over_tp16_is_an_error(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "kv", """
+        plan kv_heads
+        spec "stdlib/models/llama.py:Llama" config llama_tiny SIZES
+        mesh tp=16
+        use "MEGATRON"
+        for l in layers:
+            apply attention_parallel(l.attention, tp)
+        optimizer sgd lr=0.1
+        """.replace("SIZES", "hidden 512 n_heads 32 n_kv_heads 8 batch 2 seq 4"))
+    code, out = simulate(path, capsys)
+    assert code == 1 and "agrees" not in out and "[TVP4" in out
+
+
+def test_megatron_on_an_axis_named_mp_agrees(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "mp", mlp_plan("mp", dp=2, tp=4))
+    code, out = simulate(path, capsys)
+    assert code == 0 and "agrees" in out, out
+
+
+def test_a_model_whose_input_is_inp_agrees(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "inp", """
+        plan inp
+        spec "tests/models/tiny_nets.py:RenamedInputs" d 256 hidden 1024 batch 96 seq 4
+        mesh dp=2, tp=2
+        microbatches 2
+        loss-scale 1/microbatches
+        use "MEGATRON"
+        split inp [dp, -, -]
+        split goal [dp, -, -]
+        apply column_parallel(fc1, tp)
+        apply row_parallel(fc2, tp)
+        all-reduce grad(params) over dp op=avg
+        optimizer sgd lr=0.1
+        """)
+    code, out = simulate(path, capsys)
+    assert code == 0 and "agrees" in out and "shrunk:" in out, out
+
+
+def test_zero_over_dp_with_tp_agrees(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "zero", mlp_plan(dp=4, tp=2, optimizer=" shard over dp")
+                 .replace("optimizer sgd lr=0.1 shard", "optimizer adam lr=0.001 shard"))
+    code, out = simulate(path, capsys)
+    assert code == 0 and "agrees" in out, out
+
+
+def test_agrees_is_false_when_an_error_was_reported() -> None:
+    from trainverify_dsl.report.codes import lookup
+    from trainverify_dsl.report.diagnostics import Diagnostic
+    from trainverify_dsl.report.span import Span
+
+    class Result:
+        agrees = True
+        findings = [Diagnostic(lookup("split-not-divisible"), "m", Span("p.tvp", 1, 1, 1, 2))]
+
+    assert not agrees(Result())
+    Result.findings = []
+    assert agrees(Result())
+
+
+def test_a_shrunk_plan_that_loses_a_divisibility_is_an_internal_error_not_agrees(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainverify_dsl.simulate import shrink
+
+    def broken(widths, rules, multiples, least):  # a width of 3 that tp=2 cannot split
+        return {w: 3 if w == "d_hidden" else v for w, v in widths.items()}
+
+    monkeypatch.setattr(shrink, "shrink_widths", broken)
+    code = main(["simulate", str(write(tmp_path, "lost", mlp_plan()))])
+    captured = capsys.readouterr()
+    assert code == 2 and "agrees" not in captured.out
+    assert "ShrinkingLostDivisibility" in captured.err and "d_hidden" in captured.err
+
+
+def test_a_sum_of_widths_grows_only_its_smallest_summand() -> None:
+    # DeepSeek's MLA: wkv_a has kv_lora_rank + qk_rope_head_dim rows, cut into 16 ZeRO blocks;
+    # wq has n_heads * (qk_nope_head_dim + qk_rope_head_dim), split over tp=4, 64 blocks
+    widths = {"n_heads": 16, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+              "kv_lora_rank": 512}
+    sums = (("qk_nope_head_dim", "qk_rope_head_dim"),)
+    rules = [Divisibility((("n_heads", 1),), (("tp", 4),), sums),
+             Divisibility((("n_heads", 1),), (("tp", 4), ("dp", 16)), sums, whole=True),
+             Divisibility((), (("dp", 16),), (("kv_lora_rank", "qk_rope_head_dim"),),
+                          whole=True),
+             Divisibility((("kv_lora_rank", 1),), (("dp", 16),), (), whole=True)]
+    shrunk = shrink_widths(widths, rules, {"qk_rope_head_dim": 2}, {})
+    assert (shrunk["kv_lora_rank"] + shrunk["qk_rope_head_dim"]) % 16 == 0
+    assert shrunk["n_heads"] * (shrunk["qk_nope_head_dim"] + shrunk["qk_rope_head_dim"]) % 64 == 0
+    assert shrunk["qk_rope_head_dim"] == 16  # not raised in lockstep with kv_lora_rank to 64

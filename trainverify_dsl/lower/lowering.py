@@ -472,6 +472,11 @@ class _Lowering:
         else:
             final, lay = final
         self.lineages["loss"] = lay
+        for claim in self.binding.claims_at("loss"):  # a claim on `loss` (§4.6)
+            problem = claim_problem(claim, lay, self.sizes)
+            if problem:
+                self.findings.append(Finding("claim-contradicts-layout", f"loss: {problem}",
+                                             claim.span, "loss"))
         self.outputs[loss_stage].append(Slot("loss", "loss", "loss", lay))
         for old in self.sent:
             home = self.stage_of[old]
@@ -606,6 +611,9 @@ def claim_problem(claim: Any, lay: TLayout, sizes: Mapping[str, int]) -> str | N
         derived_dims = [d for d in range(lay.rank) if axis in lay.dim_axes(d)]
         if kind == "Partial" and not derived_partial:
             return f"claimed partial over {axis}, but the value is complete over it"
+        if kind == "Partial" and lay.partial and placement.op != lay.partial[0]:
+            return f"claimed partial({placement.op}) over {axis}, but the value is " \
+                   f"partial({lay.partial[0]}) over it"
         if kind != "Partial" and derived_partial:
             return (f"claimed {'split' if kind == 'Shard' else 'replicated'} over {axis}, but "
                     f"the value is a partial sum over it (a reduction is missing)")

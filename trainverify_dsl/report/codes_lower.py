@@ -5,10 +5,10 @@ code's ``name`` is the key the lowering uses in its findings (``lower/findings.p
 findings reuse plan codes with the same meaning, now checked against the spec's real sizes
 and data flow: TVP234 ``split-not-divisible`` (also a gradient reduce-scatter that does not
 divide), TVP244 ``stage-order`` and TVP230 ``axis-used-twice`` (``shard over`` an axis that
-already splits a parameter). Every ``example`` is a plan over
-the tiny MLP (``fc1``: 4 -> 8, ReLU, ``fc2``: 8 -> 3 — or 8 -> 4 with ``d_out 4`` where a ZeRO
-block must divide — biases, mean squared error) or the tiny Llama that produces its code under ``tvp lint --spec``; every
-``fix`` does not (tests/test_codes_lower.py runs them).
+already splits a parameter). Every ``example`` is a plan over the tiny MLP (``fc1``: 4 -> 8,
+ReLU, ``fc2``: 8 -> 3, or 8 -> 4 with ``d_out 4`` where a ZeRO block must divide; biases, mean
+squared error) or the tiny Llama that produces its code under ``tvp lint --spec``; every ``fix``
+does not (tests/test_codes_lower.py runs them).
 """
 
 from trainverify_dsl.report.diagnostics import Code, Severity

@@ -5,6 +5,12 @@ module boundary (``layers.3.attention.wo.out`` / ``.in``), model inputs by name,
 gradients as ``grad(parameter)``. A pattern that selects nothing is an error at its plan span
 with the closest existing names; a split that does not divide a parameter's or input's
 dimension is an error too (Rule 2.1) — both are things ``tvp lint`` cannot see without torch.
+
+Every statement is seen here, so statements the lowering could only drop are rejected here
+(docs/semantics.md §9): a collective on a parameter, input or ``loss``; a gradient
+``reduce-scatter`` that does not divide or whose blocks the optimizer cannot consume (Rule 4.3);
+a ZeRO shard over an axis that already splits a parameter; a false layout claim on
+``grad(...)``; ``clip-grad-norm``, which is not lowered yet.
 """
 
 from __future__ import annotations

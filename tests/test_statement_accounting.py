@@ -35,6 +35,7 @@ import itertools
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -424,6 +425,30 @@ def write(text: str) -> Path:
 def _plans_dir(tmp_path_factory: pytest.TempPathFactory):
     _DIR[:] = [tmp_path_factory.mktemp("accounting")]
     yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _capture_once():
+    """Capturing the spec's forward (torch.export) is ~97% of a lowering here and depends only
+    on the model's structure, its input shapes and the marked modules: every plan of this
+    file shares the first two, so each set of marks is captured once (the lowering reads the
+    capture and never changes it)."""
+    import trainverify_dsl.lower.lowering as lowering_module
+
+    original = lowering_module.capture_forward
+    memo: dict[object, object] = {}
+
+    def capture(model: Any, inputs: Any, marked: Any) -> Any:
+        key = (type(model).__name__, tuple((n, tuple(t.shape)) for n, t in inputs.items()),
+               tuple((n, tuple(t.shape)) for n, t in model.named_parameters()),
+               frozenset(marked))
+        if key not in memo:
+            memo[key] = original(model, inputs, marked)
+        return memo[key]
+
+    lowering_module.capture_forward = capture
+    yield
+    lowering_module.capture_forward = original
 
 
 @functools.cache

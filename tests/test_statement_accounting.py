@@ -44,6 +44,7 @@ from trainverify_dsl.lower.findings import LoweringError
 from trainverify_dsl.lower.lowering import Lowered, lower
 from trainverify_dsl.plan import lint_file
 from trainverify_dsl.report.diagnostics import Severity
+from trainverify_dsl.simulate import simulate_file
 from trainverify_dsl.simulate.setup import prepare
 
 HEAD = 'plan t\nspec "tests/models/tiny_nets.py:TwoLinear" batch 4 seq 2\n'
@@ -451,6 +452,28 @@ def _capture_once():
     lowering_module.capture_forward = original
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _trace_once():
+    """The spec's training step depends only on the model, its inputs and the reference
+    optimizer, the same for most plans here: traced once each (a speed-up only; if the
+    tracer moves, every simulation traces again)."""
+    import trainverify_dsl.spec.trace as trace_module
+
+    original = trace_module.trace_training_step
+    memo: dict[object, object] = {}
+
+    def trace(model: Any, input_specs: Any, optimizer: Any = None, **options: Any) -> Any:
+        key = (type(model).__name__, repr(input_specs), repr(optimizer), repr(options),
+               tuple((n, tuple(t.shape)) for n, t in model.named_parameters()))
+        if key not in memo:
+            memo[key] = original(model, input_specs, optimizer, **options)
+        return memo[key]
+
+    trace_module.trace_training_step = trace
+    yield
+    trace_module.trace_training_step = original
+
+
 @functools.cache
 def lint_codes(text: str) -> tuple[tuple[str, int], ...]:
     found = lint_file(str(write(text)))
@@ -483,27 +506,11 @@ def lowered(text: str) -> Lowered:
 
 
 @functools.cache
-def _spec_step(optimizer_line: str) -> object:
-    """The spec's training step: it depends on the plan only through its optimizer line (the
-    model, batch and sequence are the same for every plan here)."""
-    from trainverify_dsl.simulate.run import spec_optimizer
-    from trainverify_dsl.spec.trace import trace_training_step
-
-    setup = prepare(write(HEAD + "mesh dp=2\n" + optimizer_line + "\n"))
-    return trace_training_step(setup.fake_model, setup.input_specs,
-                               spec_optimizer(setup.plan), reuse=False)
-
-
-@functools.cache
 def agrees(text: str) -> bool:
-    """``tvp simulate`` of the plan (as ``simulate_file``, with the spec step traced once per
-    optimizer): it agrees with the spec and reports no error."""
-    from trainverify_dsl.simulate.run import simulate_lowered
-
-    optimizer = next(x for x in text.splitlines() if x.startswith("optimizer "))
-    setup = prepare(write(text))
-    result = simulate_lowered(lowered(text), _spec_step(optimizer), setup.real_model)
-    return result.agrees and not spec_codes(text)
+    """``tvp simulate`` of the plan agrees with the spec and reports no error."""
+    result = simulate_file(write(text))
+    errors = [d for d in result.findings if d.severity is Severity.ERROR]
+    return result.agrees and not errors
 
 
 def recorded(lw: Lowered, text: str, statement: str) -> bool:

@@ -174,7 +174,17 @@ def test_a_malformed_recipe_is_a_lint_diagnostic_at_its_line(tmp_path: Path) -> 
 ])
 def test_claims_on_gradients_and_loss_are_checked(tmp_path: Path, claim: str,
                                                    holds: bool) -> None:
-    result = _simulate(tmp_path, "spec-optimizer sgd lr=0.1", f"optimizer sgd lr=0.1\n{claim}")
+    """A true claim agrees; a false one is found at its line, by the full-size layout pass
+    (TVP407) before the simulation, or by the simulation's value check."""
+    from trainverify_dsl.simulate.setup import SimulationSetupError
+
+    try:
+        result = _simulate(tmp_path, "spec-optimizer sgd lr=0.1",
+                           f"optimizer sgd lr=0.1\n{claim}")
+    except SimulationSetupError as error:
+        assert not holds
+        assert any(d.code.id == "TVP407" and d.span.line == 11 for d in error.diagnostics)
+        return
     assert result.agrees is holds, result.mismatches[:3]
     if not holds:
         assert any(m.check == "claims" and m.span.line == 11 for m in result.mismatches)

@@ -38,7 +38,7 @@ CASES = [
      "microbatches 2\nsplit tokens [dp, -]\n"),
     (codes.SPLIT_NOT_DIVISIBLE, "microbatches 8\nsplit tokens [dp, -]\n",
      "microbatches 4\nsplit tokens [dp, -]\n"),
-    (codes.LAYOUT_RANK_MISMATCH, "place labels [S(2), R, R]\n", "place labels [S(1), R, R]\n"),
+    (codes.LAYOUT_RANK_MISMATCH, "place labels [R, S(2), R]\n", "place labels [R, S(1), R]\n"),
     (codes.MISSING_MESH, "split w [tp]\n", MESH),
     (codes.MESH_REDECLARED, MESH + "mesh dp=2\n", ""),
     (codes.PIPELINE_WITHOUT_PP, "mesh dp=2\nsend x.out from 0 to 1\n",
@@ -68,7 +68,7 @@ CASES = [
      "reduce-scatter grad(params) over dp dim=0\n"),
     (codes.INVALID_BACKWARD, "copy x over tp backward copy\n",
      "copy x over tp backward identity\n"),
-    (codes.UNKNOWN_REDUCE_OP, "place x [P(prod), R, R]\n", "place x [P(max), R, R]\n"),
+    (codes.UNKNOWN_REDUCE_OP, "place x [R, P(prod), R]\n", "place x [R, P(max), R]\n"),
     (codes.UNKNOWN_ALGORITHM, "algorithm ring-attention for attn over tp\n",
      "algorithm context-parallel-attention for attn over tp\n"),
 ]

@@ -5,6 +5,12 @@ module boundary (``layers.3.attention.wo.out`` / ``.in``), model inputs by name,
 gradients as ``grad(parameter)``. A pattern that selects nothing is an error at its plan span
 with the closest existing names; a split that does not divide a parameter's or input's
 dimension is an error too (Rule 2.1) — both are things ``tvp lint`` cannot see without torch.
+
+Every statement is seen here, so statements the lowering could only drop are rejected here
+(docs/semantics.md §9): a collective on a parameter, input or ``loss``; a gradient
+``reduce-scatter`` that does not divide or whose blocks the optimizer cannot consume (Rule 4.3);
+a ZeRO shard over an axis that already splits a parameter; a false layout claim on
+``grad(...)``; ``clip-grad-norm``, which is not lowered yet.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from trainverify_dsl.ir.layout import MICROBATCH_AXIS, Factor, TLayout, ways
+from trainverify_dsl.ir.layout import MICROBATCH_AXIS, Factor, TLayout, append_axes, ways
 from trainverify_dsl.lower.findings import Finding
 from trainverify_dsl.plan.model import (
     Algorithm,
@@ -56,7 +62,10 @@ class Binding:
     #: gradient statements in order, with the parameters each names
     grad_statements: list[tuple[Collective, tuple[str, ...]]] = field(default_factory=list)
     claims: dict[str, list[Claim]] = field(default_factory=dict)
-    grad_claims: dict[str, Layout] = field(default_factory=dict)
+    #: parameter -> the layout statements on its gradient (claims, checked in binding)
+    grad_claims: dict[str, list[Layout]] = field(default_factory=dict)
+    #: parameter -> its final gradient's layout after the gradient statements (§4.5)
+    grad_layouts: dict[str, TLayout] = field(default_factory=dict)
     #: algorithm -> concrete module paths (and ``loss``)
     algorithms: list[tuple[Algorithm, tuple[str, ...]]] = field(default_factory=list)
     #: explicit sends: (point, source stage, destination stage, span)
@@ -165,6 +174,23 @@ class Binding:
         return None
 
 
+_NOT_A_POINT_HELP = {
+    "a parameter": "a parameter's distribution is its layout (`split`, `replicate`); to "
+                 "synchronise its gradient write the collective on `grad(...)`",
+    "a model input": "an input's distribution is its layout (`split`, `replicate`); to "
+                   "redistribute it, write the collective at the boundary of the module that "
+                   "reads it (`X.in`)",
+    "the loss": "the reported loss is the mean over data blocks (docs/semantics.md §4.6); state it "
+            "as a claim (`partial loss over dp op=avg`) or scale the backward with "
+            "`loss-scale`",
+}
+
+
+def _shown(names: Sequence[str]) -> str:
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(f"`{n}`" for n in names[:3]) + more
+
+
 def _points(modules: set[str]) -> list[str]:
     points = []
     for path in sorted(modules):
@@ -200,10 +226,20 @@ class _Binder:
         self._layouts()
         self._zero_blocks()
         self._collectives()
+        self._gradient_layouts()
         self._stages()
         self._algorithms()
         self._sends()
+        self._not_lowered()
         return self.b
+
+    def _not_lowered(self) -> None:
+        """Statements the lowering has no program for yet: rejected, never dropped."""
+        clip = self.plan.clip_grad_norm
+        if clip is not None:
+            self.error("`clip-grad-norm` is not lowered yet: the parallel program would not "
+                       "clip, so no check could say anything about it", clip.origin.span,
+                       help="remove it to check the rest of the plan", code="not-lowered")
 
     def _sends(self) -> None:
         for send in self.plan.sends:
@@ -226,7 +262,7 @@ class _Binder:
                 if not names:
                     self.unknown(target, span, [f"grad({n})" for n in b.params], "gradient")
                 for n in names:
-                    b.grad_claims[n] = layout
+                    b.grad_claims.setdefault(n, []).append(layout)
                 continue
             params = [n for n in b.params if target.matches(n)]
             data = [n for n in b.data if target.matches(n)]
@@ -274,8 +310,12 @@ class _Binder:
         if opt is None or not opt.shard_axes:
             return
         group = ways(tuple(a for a in opt.shard_axes if a in self.sizes), self.sizes)
+        twice: dict[str, list[str]] = {}
         for name, shape in self.b.params.items():
             layout = self.b.param_layouts.get(name)
+            for axis in opt.shard_axes:
+                if layout and any(axis in axes for _, axes in layout.dim_axes):
+                    twice.setdefault(axis, []).append(name)
             own = tuple(a for a in (layout.axes_of_dim(0) if layout else ())
                         if a not in PLACEMENT_AXES)
             local = shape[0] // ways(own, self.sizes) if shape else 1
@@ -284,6 +324,12 @@ class _Binder:
                            f"the optimizer's shard group {', '.join(opt.shard_axes)} ({group}) "
                            "(Rule 6.1: no flattening, no padding)", opt.origin.span,
                            code="split-not-divisible")
+        for axis, names in twice.items():
+            self.error(f"`{axis}` already splits {_shown(names)}: `shard over {axis}` would "
+                       f"split them over {axis} a second time (Rule 6.1: no axis of the shard "
+                       "group may already shard the parameter)", opt.origin.span,
+                       help=f"shard the optimizer over the axes that replicate the parameters "
+                            f"(the data axes), not over {axis}", code="axis-used-twice")
 
     def _collectives(self) -> None:
         b = self.b
@@ -296,10 +342,121 @@ class _Binder:
                 b.grad_statements.append((st, names))
                 continue
             points = [p for p in self.points if target.matches(p)]
+            if not points and self._not_a_point(st):
+                continue
             if not points:
                 self.unknown(target, span, self.points, "module boundary (`.in` / `.out`)")
             for point in points:
                 b.point_collectives.setdefault(point, []).append(st)
+
+    def _gradient_layouts(self) -> None:
+        """The final layout of every gradient (docs/semantics.md §4.5): the parameter's
+        layout, with each ``reduce-scatter grad(P) over A dim=D`` appending ``A`` innermost on
+        ``D``. A reduce-scatter whose dimension does not exist or does not divide is an error
+        at its line; so is a final layout the optimizer step cannot consume (§6.2): without
+        ``shard over`` every rank updates its whole piece and needs the whole gradient, with
+        it the gradient must be complete or exactly in the ZeRO layout ``Z(P)``."""
+        b = self.b
+        final = {n: self.b.param_layout(n, shape, self.sizes) for n, shape in b.params.items()}
+        scattered_by: dict[str, Collective] = {}
+        for st, names in b.grad_statements:
+            if st.kind != "reduce-scatter":
+                continue
+            bad: dict[str, list[str]] = {}
+            for name in names:
+                problem = self._scatter(final, name, st)
+                if problem:
+                    bad.setdefault(problem, []).append(name)
+                else:
+                    scattered_by[name] = st
+            for problem, params in bad.items():
+                self.error(problem.format(params=_shown(params)), st.origin.span,
+                           code="split-not-divisible")
+        self._optimizer_consumes(final, scattered_by)
+        b.grad_layouts = final
+        self._gradient_claims(final)
+
+    def _gradient_claims(self, final: Mapping[str, TLayout]) -> None:
+        """A layout statement on ``grad(P)`` claims the final gradient's layout: the one in
+        which the simulation compares every copy with the spec's gradient (§8 item 2). A claim
+        that differs from it is false; a ``partial`` claim always is (final gradients are
+        compared complete)."""
+        from trainverify_dsl.lower.lowering import claim_problem  # lowering imports bind
+
+        found: dict[tuple[Span | None, str], list[str]] = {}
+        for name, layouts in self.b.grad_claims.items():
+            for layout in layouts:
+                claim = Claim(layout)
+                problem = claim_problem(claim, final[name], self.sizes)
+                if problem:
+                    found.setdefault((claim.span, problem), []).append(name)
+        for (span, problem), names in found.items():
+            self.b.warnings.append(Finding(
+                "claim-contradicts-layout", f"the final gradient of {_shown(names)}: {problem}",
+                span, f"grad({names[0]})"))
+
+    def _scatter(self, final: dict[str, TLayout], name: str, st: Collective) -> str | None:
+        lay = final[name]
+        dim = st.dim if st.dim is not None else 0
+        if not -lay.rank <= dim < lay.rank:
+            return (f"`{st.kind} {st.target}` scatters dimension {dim}, but {{params}} "
+                    f"{'has' if lay.rank == 1 else 'have'} {lay.rank} dimension(s)")
+        dim %= lay.rank
+        group = ways(st.axes, self.sizes)
+        local = lay.local_shape(self.sizes)[dim]
+        if local % group:
+            return (f"`{st.kind} {st.target}` over {', '.join(st.axes)} ({group} ranks) "
+                    f"scatters dimension {dim} of {{params}}, whose local size {local} it does "
+                    "not divide (Rule 2.1: no padding)")
+        dims = list(lay.dims)
+        dims[dim] = append_axes(dims[dim], st.axes)
+        final[name] = TLayout(tuple(dims))
+        return None
+
+    def _optimizer_consumes(self, final: dict[str, TLayout],
+                            scattered_by: Mapping[str, Collective]) -> None:
+        opt = self.plan.optimizer
+        if opt is None:
+            return  # the final gradients are the step's outputs, compared in their layout
+        bad: dict[Collective, list[str]] = {}
+        for name, st in scattered_by.items():
+            lay = self.b.param_layout(name, self.b.params[name], self.sizes)
+            if opt.shard_axes and lay.rank:
+                zero = TLayout((append_axes(lay.dims[0], opt.shard_axes),) + lay.dims[1:])
+                if final[name] == zero:
+                    continue
+            bad.setdefault(st, []).append(name)
+        for st, params in bad.items():
+            axes = ", ".join(st.axes)
+            if opt.shard_axes:
+                why = (f"the optimizer shards its states over {', '.join(opt.shard_axes)} on "
+                       "dimension 0 (Rule 6.1): its block of the gradient is not this one")
+                help = (f"scatter exactly as the optimizer shards: `reduce-scatter "
+                        f"{st.target} over {', '.join(opt.shard_axes)} dim=0`, or all-reduce")
+            else:
+                why = ("the optimizer is not sharded: every rank updates its whole piece of "
+                       "the parameter and needs the whole gradient")
+                op = f" op={st.op}" if st.op else ""
+                help = (f"`all-reduce {st.target} over {axes}{op}`, or shard the optimizer "
+                        f"(ZeRO): `optimizer ... shard over {axes}`")
+            self.error(f"`{st.kind} {st.target} over {axes}` leaves each rank a block of the "
+                       f"gradients of {_shown(params)}, but {why}", st.origin.span, help,
+                       code="gradient-layout-mismatch")
+
+    def _not_a_point(self, st: Collective) -> bool:
+        """A collective on a parameter, a model input or ``loss``: named, but not a place where
+        a collective runs. Reported with what the name is (TVP401); ``True`` if it was."""
+        target = st.target
+        kinds = [("a parameter", [n for n in self.b.params if target.matches(n)]),
+                 ("a model input", [n for n in self.b.data if target.matches(n)]),
+                 ("the loss", ["loss"] if str(target) == "loss" else [])]
+        for what, names in kinds:
+            if names:
+                self.error(f"`{st.kind} {target}`: `{names[0]}` is {what}, and collectives "
+                           "run at module boundaries (`X.in`, `X.out`) or on gradients",
+                           st.origin.span, _NOT_A_POINT_HELP[what])
+                return True
+        return False
 
     def _stages(self) -> None:
         b = self.b

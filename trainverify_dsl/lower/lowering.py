@@ -464,6 +464,12 @@ class _Lowering:
         loss = results[0] if isinstance(results, (tuple, list)) else results
         loss_stage = self.stage_of.get(loss, 0)
         loss_stage = 0 if loss_stage is None else loss_stage
+        listed = self.binding.loss_stage() if self.binding.stage_members else None
+        if listed is not None and listed != loss_stage:  # never moved silently (§5)
+            self.findings.append(Finding(
+                "stage-order", f"`loss` is listed on stage {listed}, but it is computed on "
+                f"stage {loss_stage}, where its operands are (docs/semantics.md Rule 5.1)",
+                self.binding.stage_span(listed), "loss"))
         self.stage = loss_stage
         final = algorithms.loss_replacement(self, loss)
         if final is None:
@@ -472,6 +478,11 @@ class _Lowering:
         else:
             final, lay = final
         self.lineages["loss"] = lay
+        for claim in self.binding.claims_at("loss"):  # a claim on `loss` (§4.6)
+            problem = claim_problem(claim, lay, self.sizes)
+            if problem:
+                self.findings.append(Finding("claim-contradicts-layout", f"loss: {problem}",
+                                             claim.span, "loss"))
         self.outputs[loss_stage].append(Slot("loss", "loss", "loss", lay))
         for old in self.sent:
             home = self.stage_of[old]
@@ -606,6 +617,9 @@ def claim_problem(claim: Any, lay: TLayout, sizes: Mapping[str, int]) -> str | N
         derived_dims = [d for d in range(lay.rank) if axis in lay.dim_axes(d)]
         if kind == "Partial" and not derived_partial:
             return f"claimed partial over {axis}, but the value is complete over it"
+        if kind == "Partial" and lay.partial and placement.op != lay.partial[0]:
+            return f"claimed partial({placement.op}) over {axis}, but the value is " \
+                   f"partial({lay.partial[0]}) over it"
         if kind != "Partial" and derived_partial:
             return (f"claimed {'split' if kind == 'Shard' else 'replicated'} over {axis}, but "
                     f"the value is a partial sum over it (a reduction is missing)")
@@ -645,8 +659,8 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> L
         stages.append(StageProgram(index, gm, lowering.inputs[index], lowering.outputs[index]))
     lowering.grads.finish(binding.grad_statements, binding.data_axes(), plan.loss_scale,
                           plan.microbatches)
-    findings = binding.warnings + lowering.findings + lowering.grads.findings
     routes = _explicit_sends(lowering, stages)
+    findings = binding.warnings + lowering.findings + lowering.grads.findings
     return Lowered(plan, binding, sizes, stages, lowering.lineages, findings,
                    routes)
 
@@ -679,10 +693,12 @@ def _explicit_sends(lowering: _Lowering, stages: list[StageProgram]
         for stage in lowering.sent.get(mark, ()):
             if stage != dest:
                 routes[(stage, mark.name)] = None
+        if mark not in lowering.sent:  # stage `source` has no such output to send
+            raise LoweringError(Finding("stage-order", f"`{point}` is sent, but it is not a "
+                                        "value that crosses stages: no later stage reads it "
+                                        "(a later stage reads a value computed from it)",
+                                        span, point))
         routes[(dest, target.spec)] = mark.name
-        if mark not in lowering.sent:
-            lowering.findings.append(Finding("stage-order", f"`{point}` is sent but no later "
-                                             "stage read it before", span, point))
     return routes
 
 

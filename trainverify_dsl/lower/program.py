@@ -192,9 +192,9 @@ def _claims(lowered: Lowered, final: Mapping[str, TLayout]) -> tuple[Claim, ...]
         for c in claims:
             out.append(Claim(point, claimed_layout(c.layout, derived, sizes),
                              source_of(c.layout.origins[-1])))
-    for param, layout in binding.grad_claims.items():
+    for param, layouts in binding.grad_claims.items():
         derived = final.get(param)
-        if derived is not None:
+        for layout in layouts if derived is not None else ():
             out.append(Claim(f"grad({param})", claimed_layout(layout, derived, sizes),
                              source_of(layout.origins[-1])))
     return tuple(out)

@@ -22,6 +22,8 @@ from trainverify_dsl.plan.model import (
     PatternSegment,
     PipelineStage,
     Plan,
+    Replicate,
+    Shard,
     SliceSeg,
     TensorPattern,
 )
@@ -49,6 +51,86 @@ def check_plan(plan: Plan, collector: Collector, project_root: Path) -> None:
     if n_layers is not None:
         collector.extend(find_layers_out_of_range(plan, n_layers))
     collector.extend(recipe_problems(plan))
+    collector.extend(find_pipeline_axis_misuse(plan))
+    collector.extend(find_gradient_statement_kinds(plan))
+
+
+# ---------------------------------------------------------------- statements with no meaning
+
+#: The pipeline axis (docs/semantics.md Rule 1.2): it places modules, it never splits a tensor
+#: or forms a group.
+PIPELINE_AXIS = "pp"
+#: Gradient statements the lowering runs (docs/semantics.md §4.5).
+GRADIENT_KINDS = ("all-reduce", "reduce-scatter")
+
+
+def find_pipeline_axis_misuse(plan: Plan) -> list[Diagnostic]:
+    """A ``Shard``/``Partial`` placement on ``pp`` (TVP236) or a group over ``pp`` (TVP246):
+    statements the lowering could only drop, so they are rejected here."""
+    found = []
+    for layout in plan.layouts:
+        placement = layout.placement(PIPELINE_AXIS)
+        if isinstance(placement, Replicate) or not layout.origins:
+            continue
+        what = "splits" if isinstance(placement, Shard) else "declares partial"
+        found.append(messages.at(
+            codes.PIPELINE_AXIS_LAYOUT,
+            f"'{layout.target}' {what} over the pipeline axis 'pp'", layout.origins[-1],
+            notes=["a tensor of a pipeline stage exists only on that stage's ranks: 'pp' "
+                   "places modules, it does not cut tensors (docs/semantics.md §5)"],
+            help="split over a data or tensor axis, and assign modules to stages with "
+                 "`pipeline-stage`"))
+    groups = [(f"{c.kind} {c.target}", c.axes, c.origin) for c in plan.collectives]
+    groups += [(f"algorithm {a.name}", a.axes, a.origin) for a in plan.algorithms]
+    if plan.optimizer is not None:
+        groups.append(("optimizer ... shard", plan.optimizer.shard_axes, plan.optimizer.origin))
+    for what, axes, origin in groups:
+        if PIPELINE_AXIS in axes:
+            found.append(messages.at(
+                codes.PIPELINE_AXIS_GROUP,
+                f"`{what}` groups ranks over the pipeline axis 'pp'", origin,
+                notes=["a tensor, a parameter and its gradient exist on one pipeline stage "
+                       "only; the other members of a 'pp' group hold nothing to combine "
+                       "(docs/semantics.md §5)"],
+                help="leave 'pp' out of the group: stages exchange values by the implied "
+                     "transfers or `send`, gradients and ZeRO shards go over the data axes"))
+    return found
+
+
+def find_gradient_statement_kinds(plan: Plan) -> list[Diagnostic]:
+    """Gradient statements other than all-reduce / reduce-scatter, or with a ``backward``
+    (TVP256): they have no meaning after the backward, so they are rejected, never dropped."""
+    found = []
+    for c in plan.collectives:
+        if not c.target.grad:
+            continue
+        if c.kind not in GRADIENT_KINDS:
+            found.append(messages.at(
+                codes.GRADIENT_STATEMENT_KIND,
+                f"`{c.kind}` is not a gradient synchronisation: a statement on "
+                f"'{c.target}' must be `all-reduce` or `reduce-scatter`", c.origin,
+                notes=[_GRADIENT_KIND_NOTES.get(c.kind, "")],
+                help=f"write `all-reduce {c.target} over {', '.join(c.axes)}` (or "
+                     "`reduce-scatter ... dim=0` with `optimizer ... shard over`)"))
+        elif c.backward_stated:
+            found.append(messages.at(
+                codes.GRADIENT_STATEMENT_KIND,
+                f"a gradient statement has no backward: `backward {c.backward}` on "
+                f"'{c.target}' would be ignored", c.origin,
+                notes=["gradient statements run after the backward (docs/semantics.md §4.5)"],
+                help="remove the `backward` option"))
+    return found
+
+
+_GRADIENT_KIND_NOTES = {
+    "copy": "`copy` is the identity forward; a gradient has no backward, so it would do "
+            "nothing",
+    "all-gather": "gradients are reduced, not gathered; under `optimizer ... shard over` the "
+                  "updated parameters are gathered by the optimizer step itself",
+    "scatter": "under `optimizer ... shard over` each rank already takes its block of an "
+               "all-reduced gradient",
+    "all-to-all": "an all-to-all hands each rank the gradient blocks of other ranks' slices",
+}
 
 
 # ---------------------------------------------------------------- layer indices

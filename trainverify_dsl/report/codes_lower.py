@@ -1,12 +1,14 @@
 """Diagnostic codes of the lowering and its layout pass (see report/codes.py for id ranges).
 
 These need the spec model (torch): ``tvp lint --spec`` and ``tvp simulate`` report them. The
-code's ``name`` is the key the lowering uses in its findings (``lower/findings.py``); two
+code's ``name`` is the key the lowering uses in its findings (``lower/findings.py``); three
 findings reuse plan codes with the same meaning, now checked against the spec's real sizes
-and data flow: TVP234 ``split-not-divisible`` and TVP244 ``stage-order``. Every
-``example`` is a plan over the tiny MLP (``fc1``: 4 -> 8, ReLU, ``fc2``: 8 -> 3, biases, mean
-squared error) or the tiny Llama that produces its code under ``tvp lint --spec``; every
-``fix`` does not (tests/test_codes_lower.py runs them).
+and data flow: TVP234 ``split-not-divisible`` (also a gradient reduce-scatter that does not
+divide), TVP244 ``stage-order`` and TVP230 ``axis-used-twice`` (``shard over`` an axis that
+already splits a parameter). Every ``example`` is a plan over the tiny MLP (``fc1``: 4 -> 8,
+ReLU, ``fc2``: 8 -> 3, or 8 -> 4 with ``d_out 4`` where a ZeRO block must divide; biases, mean
+squared error) or the tiny Llama that produces its code under ``tvp lint --spec``; every ``fix``
+does not (tests/test_codes_lower.py runs them).
 """
 
 from trainverify_dsl.report.diagnostics import Code, Severity
@@ -159,8 +161,44 @@ LOSS_SCALE_MISMATCH = _code(
     "split target [dp, -]\nall-reduce grad(params) over dp op=avg\n",
 )
 
+_ZERO_MLP = (
+    "plan demo\n"
+    'spec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1 d_out 4\n'
+    "mesh dp=2\nsplit x [dp, -]\nsplit target [dp, -]\n"
+)
+GRADIENT_LAYOUT_MISMATCH = _code(
+    "TVP412", "gradient-layout-mismatch", "a reduce-scattered gradient is not the block the "
+    "optimizer updates",
+    "A `reduce-scatter grad(P)` leaves each rank a block of the gradient, but the optimizer "
+    "step needs another piece: without `shard over` every rank updates its whole piece of "
+    "the parameter; with `optimizer ... shard over A` a rank updates block `Z(P)` of dimension "
+    "0 over `A` (docs/semantics.md Rule 6.1), so the reduce-scatter must be over exactly `A`, "
+    "in that order, on dimension 0.",
+    "The update would combine a parameter block with the gradient of another block (or of a "
+    "quarter of it): DeepSpeed's ZeRO-2 reduce-scatters gradients into the same partition "
+    "that owns the optimizer states, and a mismatch trains on the wrong gradients.",
+    _ZERO_MLP + "reduce-scatter grad(params) over dp dim=0 op=avg\noptimizer sgd lr=0.1\n",
+    _ZERO_MLP + "reduce-scatter grad(params) over dp dim=0 op=avg\n"
+                "optimizer sgd lr=0.1 shard over dp\n",
+)
+
+NOT_LOWERED = _code(
+    "TVP413", "not-lowered", "a statement the lowering does not implement yet",
+    "A valid statement that the lowering has no parallel program for yet: today "
+    "`clip-grad-norm` (docs/semantics.md §6.3 states its meaning).",
+    "Every statement of a plan is honoured or rejected, never dropped: checking the plan "
+    "without it would report agreement about a step that does not clip.",
+    _MLP.replace("tp=2", "dp=2") + "split x [dp, -]\nsplit target [dp, -]\n"
+                                   "all-reduce grad(params) over dp op=avg\n"
+                                   "optimizer sgd lr=0.1\nclip-grad-norm 1.0\n",
+    _MLP.replace("tp=2", "dp=2") + "split x [dp, -]\nsplit target [dp, -]\n"
+                                   "all-reduce grad(params) over dp op=avg\n"
+                                   "optimizer sgd lr=0.1\n",
+)
+
 CODES: tuple[Code, ...] = (
     UNBOUND_NAME, PARTIAL_INPUT, LAYOUT_MISMATCH, PARTIAL_NONLINEAR,
     MIXED_PARTIAL, COLLECTIVE_MISMATCH, CLAIM_CONTRADICTS_LAYOUT,
     ALGORITHM_NOT_APPLICABLE, UNASSIGNED_OP, MISSING_COLLECTIVE, LOSS_SCALE_MISMATCH,
+    GRADIENT_LAYOUT_MISMATCH, NOT_LOWERED,
 )

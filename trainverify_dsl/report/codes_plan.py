@@ -248,6 +248,19 @@ LAYOUT_RANK_MISMATCH = _code(
     _HEAD + _MESH + "split tokens [dp, -]\n",
 )
 
+PIPELINE_AXIS_LAYOUT = _code(
+    "TVP236", "pipeline-axis-layout", "a layout splits a tensor over `pp` or makes it partial "
+    "over `pp`",
+    "A `split`, `partial` or `place` gives the pipeline axis `pp` a `Shard` or `Partial` "
+    "placement (on an input, a parameter, an activation, a gradient or the loss).",
+    "`pp` places modules on stages, it does not cut tensors (docs/semantics.md §5): a tensor "
+    "of a stage exists only on that stage's ranks, so no piece of it lives on the others. "
+    "Megatron and torchtitan never shard a tensor over the pipeline dimension; the statement "
+    "would otherwise be ignored.",
+    _HEAD + "mesh pp=2, dp=2\nsplit layers.0.attention.wq.weight [pp, -]\n",
+    _HEAD + "mesh pp=2, dp=2\nsplit tokens [dp, -]\n",
+)
+
 # ---------------------------------------------------------------- pipeline
 
 PIPELINE_WITHOUT_PP = _code(
@@ -304,6 +317,20 @@ STAGE_COVERAGE = _code(
     "mesh pp=2, dp=2\npipeline-stage 0: embed, layers[0:16]\npipeline-stage 1: layers[16:]\n",
 )
 
+PIPELINE_AXIS_GROUP = _code(
+    "TVP246", "pipeline-axis-group", "a collective, gradient statement, algorithm or ZeRO "
+    "shard groups ranks over `pp`",
+    "A collective (`over pp`, on an activation or on `grad(...)`), an `algorithm ... over pp` "
+    "or `optimizer ... shard over pp` forms groups along the pipeline axis.",
+    "A group over `pp` holds one rank per stage, but a tensor, a parameter and its gradient "
+    "exist on one stage only (docs/semantics.md §5): the other members have nothing to "
+    "contribute. Values move between stages by the implied transfers or `send`; gradients "
+    "and ZeRO shards go over the data axes (DeepSpeed and Megatron shard optimizer states "
+    "over the data-parallel group). Tied parameters on two stages are not supported.",
+    _HEAD + "mesh pp=2, dp=2\nall-reduce grad(params) over dp, pp op=avg\n",
+    _HEAD + "mesh pp=2, dp=2\nall-reduce grad(params) over dp op=avg\n",
+)
+
 # ---------------------------------------------------------------- step settings and optimizer
 
 INVALID_MICROBATCHES = _code(
@@ -349,6 +376,22 @@ INVALID_OPTION_VALUE = _code(
     "The statement cannot be given a meaning.",
     _HEAD + _MESH + "optimizer adam lr=1e-3 betas=0.9\n",
     _HEAD + _MESH + "optimizer adam lr=1e-3 betas=(0.9, 0.999)\n",
+)
+
+GRADIENT_STATEMENT_KIND = _code(
+    "TVP256", "gradient-statement-kind", "a gradient statement is not an all-reduce or a "
+    "reduce-scatter, or states a backward",
+    "A collective on `grad(...)` other than `all-reduce` and `reduce-scatter` (`all-gather`, "
+    "`all-to-all`, `scatter`, `copy`), or a gradient statement with `backward ...`.",
+    "Gradient statements run after the backward (docs/semantics.md §4.5): they have no "
+    "backward of their own, and gradient synchronisation in DDP, Megatron, DeepSpeed and FSDP "
+    "is an all-reduce (or a reduce-scatter, for sharded optimizer states). `copy` is the "
+    "identity on a gradient; an all-gather of gradients rebuilds what the optimizer step "
+    "already does for parameters under `shard over`; all-to-all and scatter would hand the "
+    "optimizer gradients of other slices. None of them is synchronisation, so the statement "
+    "would otherwise be dropped.",
+    _HEAD + _MESH + "copy grad(params) over dp\n",
+    _HEAD + _MESH + "all-reduce grad(params) over dp op=avg\n",
 )
 
 # ---------------------------------------------------------------- options and names
@@ -444,9 +487,10 @@ CODES: tuple[Code, ...] = (
     TEMPLATE_ARGUMENTS, TEMPLATE_RECURSION, DUPLICATE_TEMPLATE, TEMPLATE_ARGUMENT_KIND,
     EXPANSION_LIMIT, UNKNOWN_NAME, DIVISION_BY_ZERO, INVALID_NUMBER, AXIS_USED_TWICE,
     SPLIT_AND_PARTIAL, CONFLICTING_LAYOUT, DUPLICATE_STATEMENT, SPLIT_NOT_DIVISIBLE,
-    LAYOUT_RANK_MISMATCH, PIPELINE_WITHOUT_PP, STAGE_OUT_OF_RANGE, STAGE_OVERLAP, STAGE_GAP,
-    STAGE_ORDER, STAGE_COVERAGE, INVALID_MICROBATCHES, INVALID_LOSS_SCALE, UNKNOWN_OPTIMIZER,
-    UNKNOWN_HYPERPARAMETER, MISSING_HYPERPARAMETER, INVALID_OPTION_VALUE, UNKNOWN_OPTION,
+    LAYOUT_RANK_MISMATCH, PIPELINE_AXIS_LAYOUT, PIPELINE_WITHOUT_PP, STAGE_OUT_OF_RANGE,
+    STAGE_OVERLAP, STAGE_GAP, STAGE_ORDER, STAGE_COVERAGE, PIPELINE_AXIS_GROUP,
+    INVALID_MICROBATCHES, INVALID_LOSS_SCALE, UNKNOWN_OPTIMIZER, UNKNOWN_HYPERPARAMETER,
+    MISSING_HYPERPARAMETER, INVALID_OPTION_VALUE, GRADIENT_STATEMENT_KIND, UNKNOWN_OPTION,
     MISSING_OPTION, INVALID_BACKWARD, UNKNOWN_REDUCE_OP, UNKNOWN_ALGORITHM, UNKNOWN_SCHEDULE,
     UNKNOWN_MODEL_CONFIG, DUPLICATE_OPTION, LAYER_OUT_OF_RANGE, OPTIMIZER_DIFFERS,
 )

@@ -53,7 +53,8 @@ def write(tmp_path: Path, model: str, header: str, body: str, name: str = "t") -
     ``body``. Line 1 is ``plan``, line 2 ``spec``, the header starts on line 3."""
     spec_line, _, rest = textwrap.dedent(header).strip().partition("\n")
     text = (f"plan {name}\nspec \"{MODELS}:{model}\" {spec_line.strip()}\n"
-            f"{rest.strip()}\n{textwrap.dedent(body).strip()}\noptimizer sgd lr=0.1\n")
+            f"{rest.strip()}\n{textwrap.dedent(body).strip()}\nspec-optimizer sgd lr=0.1\n"
+            "optimizer sgd lr=0.1\n")
     path = tmp_path / f"{name}.tvp"
     path.write_text(text)
     return path
@@ -96,7 +97,7 @@ def test_column_then_row_parallel_agrees(tmp_path: Path) -> None:
     assert lw.findings == []
     assert lw.lineages["fc1.out"].describe() == "[4, 2, 8/tp]"
     assert lw.lineages["fc2.out"].partial is None  # complete after the all-reduce
-    result = simulate_file(path)
+    result = simulate_file(path, stop_on_errors=False)
     assert result.agrees, result.mismatches
     assert result.ranks == 2 and result.compared > 0
 
@@ -106,7 +107,7 @@ def test_column_then_row_parallel_with_dp_and_microbatches_agrees(tmp_path: Path
                  "batch 8 seq 2\nmesh dp=2, tp=2\nmicrobatches 2\nloss-scale 1/microbatches",
                  "split x [dp, -, -]\nsplit target [dp, -, -]\n" + COLUMN_ROW +
                  "all-reduce grad(params) over dp op=avg")
-    result = simulate_file(path)
+    result = simulate_file(path, stop_on_errors=False)
     assert result.agrees, result.mismatches
     assert result.ranks == 4
 
@@ -121,7 +122,7 @@ def test_row_parallel_without_the_all_reduce_differs(tmp_path: Path) -> None:
     assert nonlinear[0].span is not None and Path(nonlinear[0].span.file) == path
     assert nonlinear[0].span.line in (line_of(path, "split fc1.weight"),
                                       line_of(path, "split fc2.weight"))
-    result = simulate_file(path)
+    result = simulate_file(path, stop_on_errors=False)
     assert not result.agrees
     assert {"loss", "grad(fc1.weight)"} <= bad_tensors(result)
 
@@ -134,7 +135,7 @@ def test_row_parallel_all_reduce_with_backward_all_reduce_doubles_gradients(
     path = write(tmp_path, "TwoLinear", "batch 4 seq 2\nmesh tp=2",
                  COLUMN_ROW.replace("all-reduce fc2.out over tp",
                                     "all-reduce fc2.out over tp backward all-reduce"))
-    result = simulate_file(path)
+    result = simulate_file(path, stop_on_errors=False)
     assert not result.agrees
     assert "loss" not in bad_tensors(result)
     grads = [m for m in result.mismatches if m.tensor.startswith("grad(")]
@@ -155,14 +156,14 @@ def test_sum_over_a_split_dimension_then_all_reduce_sum_agrees(tmp_path: Path) -
     lw = lowered(path)
     assert lw.findings == []
     assert lw.lineages["pool.out"].partial is None
-    assert simulate_file(path).agrees
+    assert simulate_file(path, stop_on_errors=False).agrees
 
 
 def test_sum_over_a_split_dimension_without_the_all_reduce(tmp_path: Path) -> None:
     path = write(tmp_path, "PoolNet", "batch 4 seq 2\nmesh tp=2", POOL)
     lw = lowered(path)
     assert "partial-nonlinear" in codes(lw)  # tanh of a partial sum
-    assert not simulate_file(path).agrees
+    assert not simulate_file(path, stop_on_errors=False).agrees
 
 
 def test_partial_sum_all_reduced_with_avg_is_a_collective_finding(tmp_path: Path) -> None:
@@ -172,7 +173,7 @@ def test_partial_sum_all_reduced_with_avg_is_a_collective_finding(tmp_path: Path
     found = [f for f in lw.findings if f.code in COLLECTIVE]
     assert found and "op=avg divides a partial sum" in found[0].message
     assert found[0].span.line == line_of(path, "all-reduce pool.out")
-    assert not simulate_file(path).agrees
+    assert not simulate_file(path, stop_on_errors=False).agrees
 
 
 def test_mean_over_a_split_dimension_then_all_reduce_avg(tmp_path: Path) -> None:
@@ -184,7 +185,7 @@ def test_mean_over_a_split_dimension_then_all_reduce_avg(tmp_path: Path) -> None
                  POOL + "all-reduce pool.out over tp op=avg")
     lw = lowered(path)
     assert lw.lineages["pool.out"].partial is None
-    result = simulate_file(path)
+    result = simulate_file(path, stop_on_errors=False)
     assert "loss" not in bad_tensors(result)
     grads = [m for m in result.mismatches if m.tensor == "grad(proj.weight)"]
     assert len(grads) == 2 and all(abs(m.rel_error - 1.0) < 1e-9 for m in grads)
@@ -193,7 +194,7 @@ def test_mean_over_a_split_dimension_then_all_reduce_avg(tmp_path: Path) -> None
 def test_mean_over_a_split_dimension_all_reduced_with_sum_differs(tmp_path: Path) -> None:
     path = write(tmp_path, "MeanPoolNet", "batch 4 seq 2\nmesh tp=2",
                  POOL + "all-reduce pool.out over tp")
-    assert "loss" in bad_tensors(simulate_file(path))
+    assert "loss" in bad_tensors(simulate_file(path, stop_on_errors=False))
 
 
 # -- data parallel, microbatches, loss scale (docs/semantics.md §4.7) -----------------------------
@@ -217,7 +218,7 @@ def test_batch_split_with_microbatches(tmp_path: Path, scale: str | None, op: st
                                                           else "")
     path = write(tmp_path, "TwoLinear", header,
                  DP + f"all-reduce grad(params) over dp op={op}")
-    result = simulate_file(path)
+    result = simulate_file(path, stop_on_errors=False)
     assert result.agrees is agrees, result.mismatches
     if not agrees:
         assert "loss" not in bad_tensors(result)  # the loss itself is never scaled
@@ -230,7 +231,7 @@ def test_batch_split_with_microbatches(tmp_path: Path, scale: str | None, op: st
 def test_gradients_not_synchronised_over_dp_differ(tmp_path: Path) -> None:
     path = write(tmp_path, "TwoLinear", "batch 8 seq 2\nmesh dp=2\nmicrobatches 2\n"
                  "loss-scale 1/microbatches", DP)
-    result = simulate_file(path)
+    result = simulate_file(path, stop_on_errors=False)
     assert not result.agrees and "loss" not in bad_tensors(result)
 
 
@@ -249,13 +250,13 @@ def test_attention_heads_split_over_tp_with_dp_agrees(tmp_path: Path) -> None:
     shapes = {tuple(n.meta["val"].shape) for n in views}
     assert (2, 4, 2, 2) in shapes  # local [b/dp, s, H/tp, hd]
     assert (4, 4, 2) in shapes  # local [b/dp * H/tp, s, hd]
-    result = simulate_file(path)
+    result = simulate_file(path, stop_on_errors=False)
     assert result.agrees, result.mismatches
 
 
 def test_attention_with_one_head_per_rank_agrees(tmp_path: Path) -> None:
     path = write(tmp_path, "AttnNet", "batch 2 seq 3\nmesh tp=4", ATTENTION_TP)
-    assert simulate_file(path).agrees
+    assert simulate_file(path, stop_on_errors=False).agrees
 
 
 def test_heads_not_divisible_by_tp_is_a_lowering_error(tmp_path: Path) -> None:
@@ -280,7 +281,7 @@ def test_value_projection_left_unsplit_is_a_lowering_error(tmp_path: Path) -> No
 
 def test_attention_with_a_global_batch_of_one(tmp_path: Path) -> None:
     path = write(tmp_path, "AttnNet", "batch 1 seq 4\nmesh tp=2", ATTENTION_TP)
-    assert simulate_file(path).agrees
+    assert simulate_file(path, stop_on_errors=False).agrees
 
 
 # -- softmax ------------------------------------------------------------------------------------
@@ -289,7 +290,7 @@ def test_attention_with_a_global_batch_of_one(tmp_path: Path) -> None:
 def test_softmax_along_an_unsplit_dimension_agrees(tmp_path: Path) -> None:
     path = write(tmp_path, "SoftmaxNet", "batch 4 seq 2\nmesh dp=2",
                  DP + "all-reduce grad(params) over dp op=avg")
-    assert simulate_file(path).agrees
+    assert simulate_file(path, stop_on_errors=False).agrees
 
 
 def test_softmax_along_a_split_dimension_is_a_lowering_error(tmp_path: Path) -> None:
@@ -309,7 +310,7 @@ def test_layer_norm_written_out_with_batch_and_sequence_split_agrees(tmp_path: P
     path = write(tmp_path, "ManualNormNet", "batch 4 seq 4\nmesh dp=2, sp=2",
                  "split x [dp, sp, -]\nsplit target [dp, sp, -]\n"
                  "all-reduce grad(params) over dp, sp op=avg")
-    result = simulate_file(path)
+    result = simulate_file(path, stop_on_errors=False)
     assert result.agrees, result.mismatches
 
 
@@ -317,7 +318,7 @@ def test_layer_norm_without_the_gradient_all_reduce_over_sp_differs(tmp_path: Pa
     path = write(tmp_path, "ManualNormNet", "batch 4 seq 4\nmesh dp=2, sp=2",
                  "split x [dp, sp, -]\nsplit target [dp, sp, -]\n"
                  "all-reduce grad(params) over dp op=avg")
-    result = simulate_file(path)
+    result = simulate_file(path, stop_on_errors=False)
     assert not result.agrees
     assert {"grad(norm.weight)", "grad(fc.weight)"} <= bad_tensors(result)
 
@@ -325,12 +326,12 @@ def test_layer_norm_without_the_gradient_all_reduce_over_sp_differs(tmp_path: Pa
 def test_torch_layer_norm_with_batch_split_agrees(tmp_path: Path) -> None:
     path = write(tmp_path, "NormNet", "batch 4 seq 2\nmesh dp=2",
                  DP + "all-reduce grad(params) over dp op=avg")
-    assert simulate_file(path).agrees
+    assert simulate_file(path, stop_on_errors=False).agrees
 
 
 def test_torch_layer_norm_on_a_replicated_activation_agrees(tmp_path: Path) -> None:
     path = write(tmp_path, "NormAfterRowNet", "batch 4 seq 2\nmesh tp=2", COLUMN_ROW)
-    assert simulate_file(path).agrees
+    assert simulate_file(path, stop_on_errors=False).agrees
 
 
 # -- reduce-scatter / all-gather ------------------------------------------------------------------
@@ -354,13 +355,13 @@ def test_sequence_parallel_all_gather_and_reduce_scatter_agree(tmp_path: Path) -
     assert lw.findings == []
     assert lw.lineages["fc1.in"].describe() == "[2, 4, 4]"
     assert lw.lineages["fc2.out"].describe() == "[2, 4/tp, 4]"
-    result = simulate_file(path)
+    result = simulate_file(path, stop_on_errors=False)
     assert result.agrees, result.mismatches
 
 
 def test_sequence_parallel_without_the_loss_scale_doubles_the_gradients(tmp_path: Path) -> None:
     path = write(tmp_path, "TwoLinear", "batch 2 seq 4\nmesh tp=2", SEQUENCE_PARALLEL)
-    result = simulate_file(path)
+    result = simulate_file(path, stop_on_errors=False)
     assert "loss" not in bad_tensors(result)
     grads = [m for m in result.mismatches if m.tensor.startswith("grad(")]
     assert grads and all(abs(m.rel_error - 1.0) < 1e-9 for m in grads)
@@ -383,7 +384,7 @@ def test_reduce_scatter_then_all_gather_of_a_row_parallel_output(tmp_path: Path,
     # the backward layout pass sees the default reduce-scatter summing a complete cotangent
     assert [f.code for f in lw.findings] == ([] if agrees else ["collective-mismatch"])
     assert lw.lineages["fc2.out"].describe() == "[4, 2, 4]"
-    result = simulate_file(path)
+    result = simulate_file(path, stop_on_errors=False)
     assert result.agrees is agrees, result.mismatches
     if not agrees:
         assert "loss" not in bad_tensors(result)
@@ -451,7 +452,7 @@ def test_all_reduce_of_a_complete_tensor_is_a_collective_finding(tmp_path: Path)
     assert "not partial over tp" in found[0].message and "by 2" in found[0].message
     assert found[0].span.line == line_of(path, "all-reduce fc2.out") and found[0].where == \
         "fc2.out"
-    assert "loss" in bad_tensors(simulate_file(path))
+    assert "loss" in bad_tensors(simulate_file(path, stop_on_errors=False))
 
 
 def test_all_reduce_of_a_split_tensor_is_a_collective_finding(tmp_path: Path) -> None:
@@ -474,8 +475,11 @@ def test_claims_on_computed_tensors(tmp_path: Path) -> None:
     assert claims[0].where == "fc1.out" and "dimension 0" in claims[0].message
     assert claims[0].span.line == line_of(path, "split fc1.out")
     assert Path(claims[0].span.file) == path
-    # claims never change the program
-    assert simulate_file(path).agrees
+    # claims never change the program: every computed value agrees, only the false claim
+    # fails its value check (docs/semantics.md §8 item 4), at its line
+    result = simulate_file(path, stop_on_errors=False)
+    assert {m.check for m in result.mismatches} == {"claims"}
+    assert {m.span.line for m in result.mismatches} == {line_of(path, "split fc1.out")}
 
 
 def test_true_claims_give_no_finding(tmp_path: Path) -> None:

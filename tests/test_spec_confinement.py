@@ -52,7 +52,8 @@ def model_source(marker: Path) -> str:
 
 def plan_text(reference: str) -> str:
     return (f'plan t\nspec "{reference}" batch 4 seq 1\nmesh dp=2\nsplit x [dp, -]\n'
-            "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.1\n")
+            "all-reduce grad(params) over dp op=avg\nspec-optimizer sgd lr=0.1\n"
+            "optimizer sgd lr=0.1\n")
 
 
 @pytest.fixture

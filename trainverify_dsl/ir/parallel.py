@@ -178,6 +178,8 @@ class ParallelProgram:
     claims: tuple[Claim, ...]
     #: every parameter's layout (the distribution the plan defines)
     param_layouts: tuple[tuple[str, TLayout], ...]
+    #: the layout statement that distributes each parameter (absent: replicated by default)
+    param_sources: tuple[tuple[str, Source], ...] = ()
 
     @property
     def sizes(self) -> dict[str, int]:

@@ -219,4 +219,8 @@ def parallel_program(lowered: Lowered, graphs: list[Graph] | None = None) -> Par
         plan.name or "", mesh, pipeline, plan.microbatches, plan.schedule or "1f1b",
         plan.loss_scale, stages, _transfers(lowered), _grad_syncs(lowered),
         _optimizer(lowered, stages), loss, _lineages(lowered), (), param_layouts)
-    return replace(program, claims=_claims(lowered, program.final_grad_layouts()))
+    sources = tuple((p, source_of(lowered.binding.param_layouts[p].origins[-1]))
+                    for p, _ in param_layouts if p in lowered.binding.param_layouts
+                    and lowered.binding.param_layouts[p].origins)
+    return replace(program, claims=_claims(lowered, program.final_grad_layouts()),
+                   param_sources=sources)

@@ -177,9 +177,10 @@ GRADIENT_LAYOUT_MISMATCH = _code(
     "The update would combine a parameter block with the gradient of another block (or of a "
     "quarter of it): DeepSpeed's ZeRO-2 reduce-scatters gradients into the same partition "
     "that owns the optimizer states, and a mismatch trains on the wrong gradients.",
-    _ZERO_MLP + "reduce-scatter grad(params) over dp dim=0 op=avg\noptimizer sgd lr=0.1\n",
     _ZERO_MLP + "reduce-scatter grad(params) over dp dim=0 op=avg\n"
-                "optimizer sgd lr=0.1 shard over dp\n",
+                "spec-optimizer sgd lr=0.1\noptimizer sgd lr=0.1\n",
+    _ZERO_MLP + "reduce-scatter grad(params) over dp dim=0 op=avg\n"
+                "spec-optimizer sgd lr=0.1\noptimizer sgd lr=0.1 shard over dp\n",
 )
 
 NOT_LOWERED = _code(
@@ -190,10 +191,11 @@ NOT_LOWERED = _code(
     "without it would report agreement about a step that does not clip.",
     _MLP.replace("tp=2", "dp=2") + "split x [dp, -]\nsplit target [dp, -]\n"
                                    "all-reduce grad(params) over dp op=avg\n"
-                                   "optimizer sgd lr=0.1\nclip-grad-norm 1.0\n",
+                                   "spec-optimizer sgd lr=0.1\noptimizer sgd lr=0.1\n"
+                                   "clip-grad-norm 1.0\n",
     _MLP.replace("tp=2", "dp=2") + "split x [dp, -]\nsplit target [dp, -]\n"
                                    "all-reduce grad(params) over dp op=avg\n"
-                                   "optimizer sgd lr=0.1\n",
+                                   "spec-optimizer sgd lr=0.1\noptimizer sgd lr=0.1\n",
 )
 
 CODES: tuple[Code, ...] = (

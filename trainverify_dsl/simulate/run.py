@@ -267,7 +267,9 @@ def _check_loss(pair: _Pair) -> None:
 
 
 def _grad_spans(program: ParallelProgram) -> dict[str, Span | None]:
-    spans: dict[str, Span | None] = {}
+    """Where a gradient's difference is reported: its last gradient statement, else the
+    statement that distributes the parameter."""
+    spans: dict[str, Span | None] = {p: s.span for p, s in program.param_sources}
     for sync in program.grad_syncs:
         for param in sync.params:
             spans[param] = sync.origin.span

@@ -35,12 +35,17 @@ def default_plans() -> list[str]:
 
 def simulate_verdict(path: str) -> str:
     from trainverify_dsl.lower.findings import LoweringError
+    from trainverify_dsl.report.diagnostics import Severity
     from trainverify_dsl.simulate.api import simulate_file
+    from trainverify_dsl.simulate.setup import SimulationSetupError
 
     try:
         result = simulate_file(ROOT / path)
     except LoweringError:
         return "cannot be lowered"
+    except SimulationSetupError as error:
+        codes = sorted({d.code.id for d in error.diagnostics if d.severity is Severity.ERROR})
+        return "refused (" + ", ".join(codes) + ")" if codes else "refused"
     return "agrees" if result.agrees else "differs"
 
 

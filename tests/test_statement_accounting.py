@@ -45,7 +45,7 @@ from trainverify_dsl.lower.lowering import Lowered, lower
 from trainverify_dsl.plan import lint_file
 from trainverify_dsl.report.diagnostics import Severity
 from trainverify_dsl.simulate import simulate_file
-from trainverify_dsl.simulate.setup import prepare
+from trainverify_dsl.simulate.setup import SimulationSetupError, prepare
 
 HEAD = ('plan t\nspec "tests/models/tiny_nets.py:TwoLinear" batch 4 seq 2\n'
         'spec-optimizer sgd lr=0.1\n')
@@ -508,8 +508,14 @@ def lowered(text: str) -> Lowered:
 
 @functools.cache
 def agrees(text: str) -> bool:
-    """``tvp simulate`` of the plan agrees with the spec and reports no error."""
-    result = simulate_file(write(text))
+    """``tvp simulate`` of the plan agrees with the spec and reports no error (a plan whose
+    full-size layout pass reports errors is refused before it is simulated: not agreeing)."""
+    try:
+        result = simulate_file(write(text))
+    except SimulationSetupError as error:
+        assert error.diagnostics and any(d.severity is Severity.ERROR
+                                         for d in error.diagnostics), error
+        return False
     errors = [d for d in result.findings if d.severity is Severity.ERROR]
     return result.agrees and not errors
 

@@ -1,4 +1,4 @@
-"""``trainverify_dsl.lower.layout`` against numpy: block distribution (docs/semantics.md §2.1),
+"""``trainverify_dsl.ir.layout`` against numpy: block distribution (docs/semantics.md §2.1),
 the factor description of reshaped dimensions, and ``normalize_dim``.
 
 The oracle for a rank's piece is written here from the semantics, independently of

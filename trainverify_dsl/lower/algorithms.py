@@ -165,11 +165,12 @@ class _Site:
     name: str
     module: str
     axes: tuple[str, ...]
-    span: Any
+    #: the ``algorithm`` statement's plan origin
+    origin: Any
 
 
 def _sites(lw: _Lowering) -> list[_Site]:
-    return [_Site(alg.name, path, alg.axes, alg.origin.span)
+    return [_Site(alg.name, path, alg.axes, alg.origin)
             for alg, paths in lw.binding.algorithms for path in paths]
 
 
@@ -243,7 +244,7 @@ def module_output(lw: _Lowering, point: str) -> tuple[torch.fx.Node, TLayout] | 
                      [lw.value(lw.stage, table), lw.value(lw.stage, ids), k])
         ids_lay = lw.layouts[ids]
         lay = TLayout(ids_lay.dims + (lay_table.dims[1],)).with_partial(("sum", site.axes),
-                                                                       site.span)
+                                                                       site.origin)
         return out, lay
     if site.name == "expert-parallel":
         x = _mark_node(lw, f"{module}.in")
@@ -326,7 +327,7 @@ def _context_parallel(lw: _Lowering, site: _Site, module: str) -> tuple[torch.fx
     wo_lay = lw.layouts[lw.param_nodes[names[3]]]
     dims = x_lay.dims[:2] + (wo_lay.dims[0],)
     split_in = tuple(a for a in wo_lay.dim_axes(1))
-    lay = TLayout(dims).with_partial(("sum", split_in), site.span) if split_in else TLayout(dims)
+    lay = TLayout(dims).with_partial(("sum", split_in), site.origin) if split_in else TLayout(dims)
     return out, lay
 
 
@@ -341,10 +342,17 @@ def loss_replacement(lw: _Lowering, loss: torch.fx.Node) -> tuple[torch.fx.Node,
         raise _not_applicable(site, "the loss reads no label input")
     logits_lay = lw.layouts[logits_mark]
     if logits_lay.dim_axes(logits_lay.rank - 1) != site.axes:
+        # blamed on the latest statement behind the logits' layout (a collective at the
+        # logits that gathered them), the algorithm's line when there is none
+        causes = lw.causes.get(logits_mark, {})
+        latest = max(causes.values(), key=lambda e: e[0])[1] if causes else None
+        blamed = latest if latest is not None and latest is not site.origin else None
         lw.findings.append(Finding(
             "algorithm-not-applicable", "vocab-parallel-cross-entropy expects the logits split "
             f"over {', '.join(site.axes)} along the vocabulary; they are {logits_lay.describe()}",
-            site.span, site.module))
+            blamed or site.origin, site.module,
+            notes=(f"the algorithm is applied at {site.origin.report_span}",)
+            if blamed else ()))
     k, n = _group(lw, site.axes)
     axes = site.axes
 
@@ -355,7 +363,7 @@ def loss_replacement(lw: _Lowering, loss: torch.fx.Node) -> tuple[torch.fx.Node,
     data_axes = tuple(a for f in lw.layouts[labels].dims[0] for a in f.axes)
     seq_axes = tuple(a for d in lw.layouts[labels].dims[1:] for f in d for a in f.axes)
     mean_axes = data_axes + seq_axes
-    lay = TLayout(()).with_partial(("avg", mean_axes), site.span) if mean_axes else TLayout(())
+    lay = TLayout(()).with_partial(("avg", mean_axes), site.origin) if mean_axes else TLayout(())
     return out, lay
 
 
@@ -379,7 +387,7 @@ def _data_ancestor(lw: _Lowering, region: set[torch.fx.Node]) -> torch.fx.Node |
 
 def _not_applicable(site: _Site, why: str) -> LoweringError:
     return LoweringError(Finding("algorithm-not-applicable", f"`{site.name}` cannot be applied to "
-                                 f"`{site.module}`: {why}", site.span, site.module))
+                                 f"`{site.module}`: {why}", site.origin, site.module))
 
 
 __all__ = ["Factor", "MICROBATCH_AXIS", "expert_parallel", "row_parallel_linear",

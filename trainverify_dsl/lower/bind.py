@@ -89,13 +89,14 @@ class Binding:
                      sizes: Mapping[str, int]) -> TLayout:
         return self._tlayout(self.param_layouts.get(name), shape, name, sizes, batch=False)
 
-    def param_span(self, name: str) -> Span | None:
+    def param_origin(self, name: str) -> Any:
+        """The plan ``Origin`` of the parameter's layout statement (None: replicated)."""
         layout = self.param_layouts.get(name)
-        return layout.origins[-1].span if layout and layout.origins else None
+        return layout.origins[-1] if layout and layout.origins else None
 
-    def data_span(self, name: str) -> Span | None:
+    def data_origin(self, name: str) -> Any:
         layout = self.data_layouts.get(name)
-        return layout.origins[-1].span if layout and layout.origins else None
+        return layout.origins[-1] if layout and layout.origins else None
 
     def data_layout(self, name: str, shape: tuple[int, ...],
                     sizes: Mapping[str, int]) -> TLayout:
@@ -212,11 +213,11 @@ class _Binder:
         self.b = Binding(plan, params, dict(data), modules)
         self.points = _points(modules)
 
-    def error(self, message: str, span: Span | None, help: str | None = None,
+    def error(self, message: str, span: Any, help: str | None = None,
               code: str = "unbound-name") -> None:
         self.b.errors.append(Finding(code, message, span, "", help))
 
-    def unknown(self, pattern: TensorPattern, span: Span | None, candidates: list[str],
+    def unknown(self, pattern: TensorPattern, span: Any, candidates: list[str],
                 what: str) -> None:
         close = difflib.get_close_matches(str(pattern), candidates, n=3, cutoff=0.6)
         help = "did you mean " + " or ".join(f"`{c}`" for c in close) + "?" if close else None
@@ -238,7 +239,7 @@ class _Binder:
         clip = self.plan.clip_grad_norm
         if clip is not None:
             self.error("`clip-grad-norm` is not lowered yet: the parallel program would not "
-                       "clip, so no check could say anything about it", clip.origin.span,
+                       "clip, so no check could say anything about it", clip.origin,
                        help="remove it to check the rest of the plan", code="not-lowered")
 
     def _sends(self) -> None:
@@ -246,17 +247,17 @@ class _Binder:
             span = send.origin.span
             points = [p for p in self.points if send.target.matches(p)]
             if len(points) != 1:
-                self.unknown(send.target, span, self.points, "single module boundary "
+                self.unknown(send.target, send.origin, self.points, "single module boundary "
                              "(`.out`)") if not points else self.error(
                     f"`send {send.target}` names {len(points)} tensors; a send moves one",
-                    span)
+                    send.origin)
                 continue
             self.b.sends.append((points[0], send.source, send.dest, span))
 
     def _layouts(self) -> None:
         b = self.b
         for layout in self.plan.layouts:
-            target, span = layout.target, layout.origins[-1].span if layout.origins else None
+            target, span = layout.target, layout.origins[-1] if layout.origins else None
             if target.grad:
                 names = [n for n in b.params if target.matches(f"grad({n})")]
                 if not names:
@@ -283,7 +284,7 @@ class _Binder:
             for point in points:
                 b.claims.setdefault(point, []).append(Claim(layout))
 
-    def _divides(self, name: str, shape: tuple[int, ...], layout: Layout, span: Span | None,
+    def _divides(self, name: str, shape: tuple[int, ...], layout: Layout, span: Any,
                  batch: bool) -> None:
         if layout.ndim is not None and layout.ndim != len(shape):
             self.error(f"`{name}` has {len(shape)} dimensions, the layout lists {layout.ndim}",
@@ -322,19 +323,19 @@ class _Binder:
             if not shape or local % group:
                 self.error(f"`{name}` has {local} local rows on dimension 0, not divisible by "
                            f"the optimizer's shard group {', '.join(opt.shard_axes)} ({group}) "
-                           "(Rule 6.1: no flattening, no padding)", opt.origin.span,
+                           "(Rule 6.1: no flattening, no padding)", opt.origin,
                            code="split-not-divisible")
         for axis, names in twice.items():
             self.error(f"`{axis}` already splits {_shown(names)}: `shard over {axis}` would "
                        f"split them over {axis} a second time (Rule 6.1: no axis of the shard "
-                       "group may already shard the parameter)", opt.origin.span,
+                       "group may already shard the parameter)", opt.origin,
                        help=f"shard the optimizer over the axes that replicate the parameters "
                             f"(the data axes), not over {axis}", code="axis-used-twice")
 
     def _collectives(self) -> None:
         b = self.b
         for st in self.plan.collectives:
-            target, span = st.target, st.origin.span
+            target, span = st.target, st.origin
             if target.grad:
                 names = tuple(n for n in b.params if target.matches(f"grad({n})"))
                 if not names:
@@ -370,7 +371,7 @@ class _Binder:
                 else:
                     scattered_by[name] = st
             for problem, params in bad.items():
-                self.error(problem.format(params=_shown(params)), st.origin.span,
+                self.error(problem.format(params=_shown(params)), st.origin,
                            code="split-not-divisible")
         self._optimizer_consumes(final, scattered_by)
         b.grad_layouts = final
@@ -440,7 +441,7 @@ class _Binder:
                 help = (f"`all-reduce {st.target} over {axes}{op}`, or shard the optimizer "
                         f"(ZeRO): `optimizer ... shard over {axes}`")
             self.error(f"`{st.kind} {st.target} over {axes}` leaves each rank a block of the "
-                       f"gradients of {_shown(params)}, but {why}", st.origin.span, help,
+                       f"gradients of {_shown(params)}, but {why}", st.origin, help,
                        code="gradient-layout-mismatch")
 
     def _not_a_point(self, st: Collective) -> bool:
@@ -454,7 +455,7 @@ class _Binder:
             if names:
                 self.error(f"`{st.kind} {target}`: `{names[0]}` is {what}, and collectives "
                            "run at module boundaries (`X.in`, `X.out`) or on gradients",
-                           st.origin.span, _NOT_A_POINT_HELP[what])
+                           st.origin, _NOT_A_POINT_HELP[what])
                 return True
         return False
 
@@ -470,7 +471,7 @@ class _Binder:
                 if str(member) == "loss":
                     continue
                 if not any(member.matches(m, prefix=True) for m in b.modules if m):
-                    self.unknown(member, stage.origin.span, sorted(m for m in b.modules if m),
+                    self.unknown(member, stage.origin, sorted(m for m in b.modules if m),
                                  "module")
         b.stage_members = members
 
@@ -484,7 +485,7 @@ class _Binder:
                     continue
                 found = sorted(m for m in b.modules if m and target.matches(m))
                 if not found:
-                    self.unknown(target, algorithm.origin.span,
+                    self.unknown(target, algorithm.origin,
                                  sorted(m for m in b.modules if m), "module")
                 paths += found
             b.algorithms.append((algorithm, tuple(paths)))

@@ -19,7 +19,8 @@ def to_diagnostic(finding: Finding, fallback: Span) -> Diagnostic:
     code = lookup(finding.code)
     assert code is not None, f"finding code {finding.code!r} is not registered"
     notes = (f"in the spec model at `{finding.where}`",) if finding.where else ()
-    return Diagnostic(code, finding.message, finding.span or fallback, notes, finding.help)
+    return Diagnostic(code, finding.message, finding.span or fallback,
+                      finding.notes + notes, finding.help)
 
 
 def at_spec_line(diagnostics: list[Diagnostic], path: str | Path) -> list[Diagnostic]:

@@ -95,7 +95,8 @@ class GradientTracker:
     split: dict[str, set[str]] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     #: (code, span, reason) -> parameters, for one finding per wrong statement
-    _grouped: dict[tuple[str, Any, str], list[str]] = field(default_factory=dict)
+    _grouped: dict[tuple[str, Any, str, str | None], list[str]] = field(default_factory=dict)
+    _headers: Mapping[str, Any] = field(default_factory=dict)
     _scale_checked: bool = True
 
     # -- during the forward walk ----------------------------------------------------------
@@ -129,7 +130,7 @@ class GradientTracker:
                         f"{item.statement.target}` sums a gradient that is already complete "
                         f"over {', '.join(item.sums)}: it multiplies it by "
                         f"{math.prod(self.sizes[a] for a in item.sums)}",
-                        item.statement.origin.span, str(item.statement.target)))
+                        item.statement.origin, str(item.statement.target)))
                 passed = {a: s for a, s in mine.items() if a not in summed}
                 _merge(cot, item.source, passed)
                 continue
@@ -151,7 +152,11 @@ class GradientTracker:
         return cot
 
     def finish(self, statements: Sequence[tuple[Any, tuple[str, ...]]], data_axes: set[str],
-               loss_scale: Fraction, microbatches: int) -> None:
+               loss_scale: Fraction, microbatches: int,
+               headers: Mapping[str, Any] | None = None) -> None:
+        """``headers``: the plan origins of ``loss-scale`` and ``microbatches`` (where a
+        loss-scale mismatch is reported when the reductions are not at fault)."""
+        self._headers = headers or {}
         cot = self.backward()
         used = {value for item in self.record if isinstance(item, _Op)
                 for value, _, _ in item.operands}
@@ -185,11 +190,11 @@ class GradientTracker:
                 help=f"if the split feeds a column-parallel layer, add `copy <layer>.in over "
                      f"{axis}`; for a replicated parameter, `all-reduce grad(...) over "
                      f"{axis}`"))
-        for (code, span, reason), params in self._grouped.items():
+        for (code, span, reason, help), params in self._grouped.items():
             shown = ", ".join(f"`{p}`" for p in params[:3])
             more = f" and {len(params) - 3} more" if len(params) > 3 else ""
             self.findings.append(Finding(code, reason.format(params=shown + more), span,
-                                         params[0]))
+                                         params[0], help))
 
     def _check_statements(self, param: str, partial: set[str], applied: list[Any],
                           data_axes: set[str], loss_scale: Fraction, microbatches: int) -> None:
@@ -198,17 +203,17 @@ class GradientTracker:
             op = st.op or "sum"
             for axis in axes:
                 if axis in self.split.get(param, set()):
-                    self._group("collective-mismatch", st.origin.span, "the gradients of "
+                    self._group("collective-mismatch", st.origin, "the gradients of "
                                 f"{{params}} are split over {axis}: reducing them adds the "
                                 "gradients of different slices", param)
                 elif axis not in partial and op == "sum":
-                    self._group("collective-mismatch", st.origin.span, "the gradients of "
+                    self._group("collective-mismatch", st.origin, "the gradients of "
                                 f"{{params}} are already complete over {axis}: summing their "
                                 f"copies multiplies them by {self.sizes[axis]}", param)
             if op == "avg":
                 tensor_axes = [a for a in axes if a in partial and a not in data_axes]
                 if tensor_axes:
-                    self._group("collective-mismatch", st.origin.span, "the gradients of "
+                    self._group("collective-mismatch", st.origin, "the gradients of "
                                 f"{{params}} are partial sums over {', '.join(tensor_axes)}: "
                                 "op=avg divides them by "
                                 f"{math.prod(self.sizes[a] for a in tensor_axes)}", param)
@@ -220,14 +225,37 @@ class GradientTracker:
         ranks = math.prod(self.sizes[a] for a in data)
         total = factor * loss_scale * microbatches * ranks
         if total != 1:
-            span = applied[-1][0].origin.span if applied else None
-            self._group("loss-scale-mismatch", span, f"the gradients of {{params}} come out "
+            origin, help = self._scale_at_fault(applied, factor * ranks, loss_scale,
+                                                microbatches)
+            self._group("loss-scale-mismatch", origin, f"the gradients of {{params}} come out "
                         f"{total} times the spec's: the reduction's factor {factor} x "
                         f"loss-scale {loss_scale} x {microbatches} microbatches x {ranks} data "
-                        f"ranks ({', '.join(data)}) is not 1 (docs/semantics.md §4.7)", param)
+                        f"ranks ({', '.join(data)}) is not 1 (docs/semantics.md §4.7)", param,
+                        help)
 
-    def _group(self, code: str, span: Any, reason: str, param: str) -> None:
-        self._grouped.setdefault((code, span, reason), []).append(param)
+    def _scale_at_fault(self, applied: list[Any], reduction: Fraction, loss_scale: Fraction,
+                        microbatches: int) -> tuple[Any, str | None]:
+        """Where a §4.7 mismatch is reported. The reductions are at fault when the loss scale
+        already undoes the microbatch sum (``loss-scale x microbatches = 1``): the
+        last gradient statement. Else, when the reductions average over the data ranks
+        (their factor x data ranks = 1), the loss scale is: its statement, or, when there is
+        none, the ``microbatches`` statement it should follow. Else both deviate: the
+        reductions, whose line the user changes most often."""
+        statement = applied[-1][0].origin if applied else None
+        if loss_scale * microbatches == 1 or reduction != 1:
+            return statement, None
+        needed = Fraction(1, microbatches)
+        stated = self._headers.get("loss-scale")
+        if stated is not None:
+            return stated, f"the step needs `loss-scale {needed}` (1/microbatches) with these " \
+                "reductions"
+        where = self._headers.get("microbatches") or statement
+        return where, "there is no `loss-scale` statement: the microbatches' gradients are " \
+            "summed; add `loss-scale 1/microbatches`"
+
+    def _group(self, code: str, span: Any, reason: str, param: str,
+               help: str | None = None) -> None:
+        self._grouped.setdefault((code, span, reason, help), []).append(param)
 
 
 def _merge(cot: dict[Any, Partial], node: Any, contribution: Partial) -> None:

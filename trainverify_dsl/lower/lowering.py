@@ -42,7 +42,7 @@ from trainverify_dsl.ir.layout import (
 from trainverify_dsl.lower import algorithms, collectives  # noqa: F401 - registers tvp.collective
 from trainverify_dsl.lower.bind import Binding, bind_plan
 from trainverify_dsl.lower.capture import MARK, Captured, capture_forward, module_stack
-from trainverify_dsl.lower.findings import Finding, LoweringError
+from trainverify_dsl.lower.findings import Finding, LoweringError, merge_repeats
 from trainverify_dsl.lower.gradients import GradientTracker
 from trainverify_dsl.lower.rules import RULES, Result
 from trainverify_dsl.plan.model import Collective, Plan
@@ -112,7 +112,12 @@ class _Lowering:
         self.sizes = sizes
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.layouts: dict[torch.fx.Node, Any] = {}
-        self.split_origin: dict[torch.fx.Node, Any] = {}
+        #: node -> {mesh axis: (order, plan origin)}: for each axis in the value's lineage,
+        #: the statement that last brought it in (a parameter's or input's layout, a
+        #: collective at a mark) and when (the op that consumed it). A finding blames the
+        #: most recent statement behind the axes it is about, not the first data split.
+        self.causes: dict[torch.fx.Node, dict[str, tuple[int, Any]]] = {}
+        self.order = 0
         self.n_stages = max(1, len(binding.stage_members))
         self.graphs = [torch.fx.Graph() for _ in range(self.n_stages)]
         self.values: list[dict[torch.fx.Node, torch.fx.Node]] = [{} for _ in self.graphs]
@@ -142,6 +147,13 @@ class _Lowering:
         if value not in self.layouts:  # a constant-only value not materialised yet
             self.value(self.stage, value)
         return self.layouts[value]
+
+    def cause_for(self, axes: Any) -> Any:
+        """The plan origin behind ``axes`` in the operands of the op being lowered: the most
+        recent statement that brought one of them in (else ``current_cause``)."""
+        found = [entry for a in axes for entry in
+                 [self.causes.get(self.current, {}).get(a)] if entry is not None]
+        return max(found, key=lambda e: e[0])[1] if found else self.current_cause
 
     def finding(self, code: str, message: str, layout: TLayout | None = None) -> None:
         span = layout.cause if layout is not None and layout.cause is not None else \
@@ -281,15 +293,34 @@ class _Lowering:
         shape = tuple(node.meta["val"].shape)
         if kind == "param":
             lay = self.binding.param_layout(spec, shape, self.sizes)
-            self.split_origin[node] = self.binding.param_span(spec)
+            self._stamp(node, lay, self.binding.param_origin(spec))
             self.grads.parameter(node, spec, lay)
             self.param_nodes[spec] = node
         elif kind == "data":
             lay = self.binding.data_layout(spec, shape, self.sizes)
-            self.split_origin[node] = self.binding.data_span(spec)
+            self._stamp(node, lay, self.binding.data_origin(spec))
         else:
             lay = TLayout.replicated(shape, const=True)
         self.layouts[node] = lay
+
+    def _stamp(self, node: torch.fx.Node, lay: TLayout, origin: Any) -> None:
+        """An input's split axes come from its layout statement; the order ``-1`` is taken
+        as the order of each op that consumes it (a parameter is blamed where it is used)."""
+        if origin is not None:
+            self.causes[node] = {a: (-1, origin) for a in lay.shard_axes()
+                                 if self.sizes.get(a, 1) > 1}
+
+    def _merge_causes(self, node: torch.fx.Node) -> Any:
+        """The node's causes from its operands'; returns the most recent origin overall."""
+        self.order += 1
+        merged: dict[str, tuple[int, Any]] = {}
+        for operand in node.all_input_nodes:
+            for axis, (order, origin) in self.causes.get(operand, {}).items():
+                order = self.order if order < 0 else order
+                if axis not in merged or order > merged[axis][0]:
+                    merged[axis] = (order, origin)
+        self.causes[node] = merged
+        return max(merged.values(), key=lambda e: e[0])[1] if merged else None
 
     def _assign_stages(self, graph: torch.fx.Graph) -> None:
         const: dict[torch.fx.Node, bool] = {}
@@ -337,10 +368,7 @@ class _Lowering:
             return
         self.current = node
         name = packet_name(node.target)
-        self.current_cause = next((self.split_origin[n] for n in node.all_input_nodes
-                                   if self.split_origin.get(n) is not None), None)
-        if self.current_cause is not None:
-            self.split_origin[node] = self.current_cause
+        self.current_cause = self._merge_causes(node)
         if name == MARK:
             new, lay = self._mark(node)
         elif name == "getitem":
@@ -415,8 +443,9 @@ class _Lowering:
                 self.grads.op(node, MARK, [(source, lay, True)], lay, None)
         for statement in self.binding.collectives_at(point):
             value, lay = self._collective(value, lay, statement, point)
-            if statement.kind in ("all-gather", "reduce-scatter", "all-to-all", "scatter"):
-                self.split_origin[node] = statement.origin.span  # it changes the split
+            causes = self.causes.setdefault(node, {})
+            for axis in statement.axes:  # it changes the value's layout over these axes
+                causes[axis] = (self.order, statement.origin)
         self.lineages[point] = lay
         if value.op != "placeholder" and isinstance(value.meta.get("val"), torch.Tensor) and \
                 value.meta["val"].is_floating_point():
@@ -432,7 +461,7 @@ class _Lowering:
                     point: str) -> tuple[torch.fx.Node, TLayout]:
         axes = st.axes
         n = math.prod(self.sizes[a] for a in axes)
-        span = st.origin.span
+        span = st.origin
         kind = COLLECTIVE_KIND[st.kind]
         rank = lay.rank
         dim = _norm(st.dim if st.dim is not None else (st.split_dim or 0), rank)
@@ -444,8 +473,12 @@ class _Lowering:
         for code, message in problems:
             self.findings.append(Finding(code, f"{st.kind} {point} over {', '.join(axes)}: "
                                          f"{message}", span, point))
+        # a partial sum that a reduction leaves partial is blamed on that reduction (over the
+        # wrong axis, or too few): it is where the plan decided what to add up
+        cause = st.origin if new_lay.partial and kind in ("all_reduce", "reduce_scatter") \
+            else new_lay.cause
         new_lay = TLayout(new_lay.dims, new_lay.partial, new_lay.const,
-                          new_lay.cause if new_lay.partial else None)
+                          cause if new_lay.partial else None)
         try:
             out = self.emit(torch.ops.tvp.collective.default,
                             (value, kind, ",".join(axes), n, op, dim, dim2, backward))
@@ -658,11 +691,33 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> L
         gm = torch.fx.GraphModule(captured.gm, ordered)
         stages.append(StageProgram(index, gm, lowering.inputs[index], lowering.outputs[index]))
     lowering.grads.finish(binding.grad_statements, binding.data_axes(), plan.loss_scale,
-                          plan.microbatches)
+                          plan.microbatches, dict(plan.header_origins))
     routes = _explicit_sends(lowering, stages)
-    findings = binding.warnings + lowering.findings + lowering.grads.findings
+    backward = _backward_findings(lowering)  # may add a note to a forward finding
+    findings = merge_repeats(binding.warnings + lowering.findings + backward)
     return Lowered(plan, binding, sizes, stages, lowering.lineages, findings,
                    routes)
+
+
+def _backward_findings(lowering: _Lowering) -> list[Finding]:
+    """The gradient checks' findings, when the forward has no error. The backward analysis
+    takes the forward layouts as given: after a forward error (a partial sum that reaches a
+    nonlinear op) its findings are consequences blamed on correct statements (a `copy`
+    whose backward now sums a gradient that the broken forward made complete), so they
+    wait until the forward is fixed."""
+    from trainverify_dsl.report.codes import lookup
+    from trainverify_dsl.report.diagnostics import Severity
+
+    forward_errors = [f for f in lowering.findings
+                      if (code := lookup(f.code)) is not None and code.severity is Severity.ERROR]
+    if not forward_errors:
+        return lowering.grads.findings
+    if lowering.grads.findings:
+        first = forward_errors[0]
+        lowering.findings[lowering.findings.index(first)] = Finding(
+            first.code, first.message, first.span, first.where, first.help,
+            first.notes + ("the gradient checks run once the forward has no errors",))
+    return []
 
 
 def _explicit_sends(lowering: _Lowering, stages: list[StageProgram]

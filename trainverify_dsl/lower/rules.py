@@ -32,8 +32,12 @@ from trainverify_dsl.ir.layout import (
 
 class RuleCtx(Protocol):
     sizes: dict[str, int]
-    #: the plan span of the split behind the op being lowered (for partial sums it makes)
+    #: the plan origin of the most recent statement behind the op's operands' layouts
     current_cause: Any
+
+    def cause_for(self, axes: Any) -> Any:
+        """The plan origin of the most recent statement behind ``axes`` in the operands (a
+        partial sum made over them is blamed on it)."""
 
     def layout(self, value: Any) -> TLayout: ...
 
@@ -360,7 +364,7 @@ def _contract(ctx: RuleCtx, a: TLayout, b: TLayout, ka: int, kb: int, what: str)
         ctx.finding("partial-nonlinear", f"{what} over a split dimension of a partial sum",
                     carried)
     if axes:
-        return ("sum", axes), None
+        return ("sum", axes), ctx.cause_for(axes)
     if carried:
         return carried.partial, carried.cause
     return None, None
@@ -416,7 +420,7 @@ def _reduction(name: str) -> Rule:
             else:
                 return Result(result.with_partial(lay.partial, lay.cause), args, kwargs)
         if axes:
-            result = result.with_partial((kind, axes), ctx.current_cause)
+            result = result.with_partial((kind, axes), ctx.cause_for(axes))
         return Result(result, args, kwargs)
     return run
 

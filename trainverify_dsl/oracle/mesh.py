@@ -1,6 +1,6 @@
 """Ranks, coordinates and groups of a mesh, written again from docs/semantics.md §1.
 
-The oracle does not reuse ``lower.mesh``: an error in the project's group arithmetic must show
+The oracle does not reuse ``ir.mesh``: an error in the project's group arithmetic must show
 up as a disagreement, not be shared by both sides. Global ranks are row-major over the mesh
 (first axis outermost); the group of a rank over an ordered axis list holds the ranks that
 agree with it off those axes, ordered row-major over the axes **in the written order**.

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from trainverify_dsl.lower.layout import MICROBATCH_AXIS, TLayout, append_axes, take_local
+from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout, append_axes, take_local
 from trainverify_dsl.lower.lowering import Lowered, Slot
 from trainverify_dsl.oracle.comm import StageRunner, World, collective
 from trainverify_dsl.oracle.reference import STATES, make_optimizer, seed_states

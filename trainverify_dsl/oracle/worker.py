@@ -53,7 +53,7 @@ class RankJob:
 def run_rank_job(job: RankJob, rank: int) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from trainverify_dsl.lower.layout import take_local
+    from trainverify_dsl.ir.layout import take_local
     from trainverify_dsl.oracle.comm import World
     from trainverify_dsl.oracle.mesh import Mesh
     from trainverify_dsl.oracle.rank import axes_lists, run_rank

@@ -90,7 +90,7 @@ class Builder:
             stages=tuple(parts.stages), optimizer=self._optimizer(),
             spec_optimizer=self._optimizer(ast.SpecOptimizerDecl),
             clip_grad_norm=self._clip(), algorithms=tuple(parts.algorithms),
-            files=tuple(self.files))
+            files=tuple(self.files), header_origins=self._header_origins())
 
     # ------------------------------------------------------------ headers
 
@@ -126,6 +126,13 @@ class Builder:
     def _header(self, kind: type) -> tuple[ast.Statement, Origin] | tuple[None, None]:
         leaf = self.headers.get(kind)
         return (leaf.stmt, leaf.origin) if leaf is not None else (None, None)
+
+    def _header_origins(self) -> tuple[tuple[str, Origin], ...]:
+        """Where the step-wide headers stand (``microbatches``, ``loss-scale``), so that a
+        finding about them is reported at their line."""
+        kinds = {ast.MicrobatchesDecl: "microbatches", ast.LossScaleDecl: "loss-scale"}
+        return tuple((name, self.headers[kind].origin) for kind, name in kinds.items()
+                     if kind in self.headers)
 
     def _name(self) -> str | None:
         stmt, _ = self._header(ast.PlanHeader)

@@ -447,6 +447,11 @@ class Plan:
     files: tuple[str, ...] = ()
     #: The reference step's optimizer (``spec-optimizer``): what ``optimizer`` implements.
     spec_optimizer: Optimizer | None = None
+    #: Where the step-wide headers stand: ``("microbatches" | "loss-scale", origin)``.
+    header_origins: tuple[tuple[str, Origin], ...] = ()
+
+    def header_origin(self, name: str) -> Origin | None:
+        return next((origin for key, origin in self.header_origins if key == name), None)
 
     def layout_of(self, target: str) -> Layout | None:
         """The layout declared for exactly this pattern (canonical string), if any."""

@@ -317,7 +317,7 @@ def plan_divisibilities(plan: Plan, binding: Any, points: Mapping[str, tuple[int
     docstring, step 1): split parameter and input dimensions, ZeRO blocks, and dimensions
     collectives split or gather at module boundaries (``points``: boundary -> probe shape)."""
     from trainverify_dsl.lower.bind import PLACEMENT_AXES
-    from trainverify_dsl.lower.layout import MICROBATCH_AXIS
+    from trainverify_dsl.ir.layout import MICROBATCH_AXIS
     from trainverify_dsl.lower.lowering import input_sizes
 
     sizes = input_sizes(plan)

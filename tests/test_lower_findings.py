@@ -1,0 +1,52 @@
+"""Where the layout pass reports a problem (issue 8, item 7): at the line the user wrote, with
+the template chain as notes, once per statement at fault.
+
+The end-to-end property (every bug plan's error stands at its header's faulty line) is in
+``tests/test_simulate_plans.py::test_bug_plan_disagrees``; these are the mechanisms, without
+torch.
+"""
+
+from __future__ import annotations
+
+from trainverify_dsl.lower.findings import Finding, merge_repeats
+from trainverify_dsl.plan.model import ExpansionSite, Origin
+from trainverify_dsl.report.span import Span
+
+PLAN = "plans/p.tvp"
+TEMPLATE = Span("stdlib/megatron.tvp", 51, 5, 51, 30)
+APPLY = Span(PLAN, 19, 5, 19, 40)
+SPLIT = Span(PLAN, 22, 5, 22, 40)
+
+
+def test_a_template_statement_is_reported_at_its_apply_line() -> None:
+    origin = Origin(TEMPLATE, (ExpansionSite("apply", "column_parallel", APPLY),))
+    finding = Finding("collective-mismatch", "m", origin, "fc1.in")
+    assert finding.span == APPLY
+    assert finding.notes[0] == f"the statement is at {TEMPLATE}"
+    assert f"in template column_parallel, applied at {APPLY}" in finding.notes
+
+
+def test_a_plan_statement_keeps_its_span_and_adds_no_note() -> None:
+    finding = Finding("partial-nonlinear", "m", Origin(SPLIT), "layers.0")
+    assert finding.span == SPLIT and finding.notes == ()
+    assert Finding("partial-nonlinear", "m", SPLIT, "x").span == SPLIT
+
+
+def test_repeats_at_one_statement_merge_into_one_finding_with_the_places() -> None:
+    found = [Finding("partial-nonlinear", f"op {i}", SPLIT, f"layers.{i}") for i in range(3)]
+    found.insert(1, Finding("mixed-partial", "add", SPLIT, "layers.0"))
+    found.append(Finding("partial-nonlinear", "elsewhere", APPLY, "head"))
+    merged = merge_repeats(found)
+    assert [(f.code, f.span) for f in merged] == [
+        ("partial-nonlinear", SPLIT), ("mixed-partial", SPLIT), ("partial-nonlinear", APPLY)]
+    first = merged[0]
+    assert first.message == "op 0" and first.where == "layers.0"
+    assert first.notes == ("2 more findings of this kind trace back to this statement (also "
+                           "in `layers.1`, `layers.2`)",)
+    assert merged[1].notes == () and merged[2].notes == ()
+
+
+def test_unlocated_findings_merge_only_when_identical() -> None:
+    found = [Finding("unbound-name", "a", None, ""), Finding("unbound-name", "b", None, ""),
+             Finding("unbound-name", "a", None, "")]
+    assert [f.message for f in merge_repeats(found)] == ["a", "b"]

@@ -6,6 +6,10 @@ operations that docs/semantics.md §3 gives it; every device's local program is 
 code, so torch's autograd plays the role of "each device's local backward". Each test compares a
 plan's values with the spec's (torch autograd on the single-device function) and, where the
 document names a bug, shows that the bug changes the result by the factor the document states.
+
+The last section runs the same statements through the product (its collective op with every
+rank a thread, its default backwards, rank order, groups and block distribution) and asserts
+the document's values exactly: the document, this file and the package cannot drift apart.
 """
 
 from __future__ import annotations
@@ -681,3 +685,126 @@ def test_expert_parallel_grads_sync_over_dp_not_ep():
             torch.testing.assert_close(right, shard_piece(spec_w.grad, 0, e, ep), **TIGHT)
             wrong = all_reduce([leaves[r][i].grad for r in over_all])[0]
             assert not torch.allclose(wrong, shard_piece(spec_w.grad, 0, e, ep))
+
+
+# --------------------------------------------------------------------------- the product agrees
+# The examples above use this file's own copy of the semantics (so the document is checked
+# against arithmetic, not against the package). Here the same statements run through the
+# product: its default backwards (``plan.model.DEFAULT_BACKWARD``), its rank order and groups
+# (``ir.mesh.MeshGroups``), its block distribution (``ir.layout.take_local``) and its collective
+# op (``torch.ops.tvp.collective``, every rank a thread with its own autograd), and must give
+# the document's values exactly.
+
+#: docs/language.md statement kind -> the product op's kind
+PRODUCT_KIND = {"all-reduce": "all_reduce", "all-gather": "all_gather",
+                "reduce-scatter": "reduce_scatter", "all-to-all": "all_to_all",
+                "scatter": "scatter", "copy": "identity", "identity": "identity"}
+
+
+def product_collective(kind, xs, weights, *, op="sum", dim=None, split_dim=None,
+                       concat_dim=None, backward=None):
+    """Rank r holds xs[r] and seeds weights[r] on its output; returns every rank's output and
+    input gradient, through the product's collective op over a ThreadWorld."""
+    from trainverify_dsl.lower.collectives import ThreadWorld, run_threads
+    from trainverify_dsl.plan.model import DEFAULT_BACKWARD as PRODUCT_DEFAULTS
+
+    n = len(xs)
+    d = dim if dim is not None else (split_dim if split_dim is not None else 0)
+    d2 = concat_dim if concat_dim is not None else -1
+    back = PRODUCT_KIND[backward or PRODUCT_DEFAULTS[kind]]
+
+    def rank(r):
+        x = xs[r].detach().clone().requires_grad_()
+        y = torch.ops.tvp.collective(x, PRODUCT_KIND[kind], "g", n, op, d, d2, back)
+        (y * weights[r]).sum().backward()
+        return y.detach(), x.grad
+
+    return run_threads(ThreadWorld([("g", n)], timeout=30), rank)
+
+
+CASES = [
+    ("all-reduce", {"op": "sum"}), ("all-reduce", {"op": "avg"}),
+    ("all-reduce", {"op": "max"}), ("all-reduce", {"op": "min"}),
+    ("all-reduce", {"op": "sum", "backward": "all-reduce"}),
+    ("all-gather", {"dim": 0}), ("all-gather", {"dim": 1}),
+    ("all-gather", {"dim": 1, "backward": "scatter"}),
+    ("reduce-scatter", {"dim": 0}), ("reduce-scatter", {"dim": 1, "op": "avg"}),
+    ("all-to-all", {"split_dim": 0, "concat_dim": 1}),
+    ("all-to-all", {"split_dim": 1, "concat_dim": 0}),
+    ("copy", {}), ("copy", {"backward": "identity"}),
+    ("scatter", {"dim": 0}), ("scatter", {"dim": 1}),
+]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize(("kind", "options"), CASES,
+                         ids=[f"{k}-{'-'.join(f'{a}={b}' for a, b in o.items())}"
+                              for k, o in CASES])
+def test_the_product_collective_is_the_documented_one(kind, options, n):
+    xs = [torch.randn(8, 4) for _ in range(n)]
+    doc_inputs = [x.clone().requires_grad_() for x in xs]
+    doc_outputs = collective(kind, doc_inputs, **options)
+    weights = [torch.randn(y.shape) for y in doc_outputs]
+    torch.autograd.backward(doc_outputs, weights)
+    for r, (y, grad) in enumerate(product_collective(kind, xs, weights, **options)):
+        assert torch.equal(y, doc_outputs[r].detach()), (kind, r)
+        assert torch.equal(grad, doc_inputs[r].grad), (kind, r, "backward")
+
+
+def test_the_product_default_backwards_are_the_documented_ones():
+    from trainverify_dsl.plan.model import DEFAULT_BACKWARD as PRODUCT_DEFAULTS
+
+    assert PRODUCT_DEFAULTS == DEFAULT_BACKWARD
+
+
+@pytest.mark.parametrize("axes", [("tp",), ("dp",), ("pp",), ("dp", "tp"), ("tp", "dp"),
+                                  ("pp", "dp", "tp")])
+def test_the_product_rank_order_and_groups_are_the_documented_ones(axes):
+    from trainverify_dsl.ir.mesh import MeshGroups
+
+    mesh = MeshGroups(list(MESH_3D.items()))
+    for rank in range(8):
+        assert mesh.coords(rank) == coords_of(rank, MESH_3D)
+        assert mesh.group(rank, axes) == group(rank, axes, MESH_3D)
+        assert mesh.group_index(rank, axes) == block_index(coords_of(rank, MESH_3D), axes,
+                                                           MESH_3D)
+
+
+def test_the_product_block_distribution_is_the_documented_one():
+    """`split tokens [(dp, ep), -]` on mesh dp=2, ep=2 (§2): ir.layout.take_local gives every
+    rank the block this file's shard_piece gives it."""
+    from trainverify_dsl.ir.layout import Factor, TLayout, take_local
+
+    mesh = {"dp": 2, "ep": 2}
+    tokens = torch.arange(16.0).reshape(8, 2).numpy()
+    for axes in (("dp", "ep"), ("ep", "dp")):
+        lay = TLayout(((Factor(8, axes),), (Factor(2),)))
+        for rank in range(4):
+            c = coords_of(rank, mesh)
+            want = shard_piece(torch.from_numpy(tokens), 0, block_index(c, axes, mesh), 4)
+            assert (take_local(tokens, lay, c, mesh) == want.numpy()).all(), (axes, rank)
+
+
+def test_megatron_mlp_worked_example_through_the_product_collectives():
+    """§3's tp=2 MLP as two ranks' local programs over the product's `copy` and `all-reduce`
+    (default backwards): the same gradients as the document's list version and the spec."""
+    from trainverify_dsl.lower.collectives import ThreadWorld, run_threads
+
+    x, w1, w2 = torch.randn(3, 4), torch.randn(6, 4), torch.randn(4, 6)
+    _, w1_doc, w2_doc, _ = megatron_mlp_tp2(x, w1, w2)
+
+    def rank(r):
+        w1_r = w1.chunk(2, 0)[r].clone().requires_grad_()
+        w2_r = w2.chunk(2, 1)[r].clone().requires_grad_()
+        xin = torch.ops.tvp.collective(x.clone(), "identity", "tp", 2, "sum", 0, -1,
+                                       "all_reduce")
+        partial = F.relu(xin @ w1_r.T) @ w2_r.T
+        y = torch.ops.tvp.collective(partial, "all_reduce", "tp", 2, "sum", 0, -1, "identity")
+        (0.5 * (y * y).sum()).backward()
+        return w1_r.grad, w2_r.grad
+
+    _, _, w1_grad, w2_grad = spec_mlp(x, w1, w2)
+    for r, (g1, g2) in enumerate(run_threads(ThreadWorld([("tp", 2)], timeout=30), rank)):
+        assert torch.equal(g1, w1_doc[r].grad) and torch.equal(g2, w2_doc[r].grad)
+        torch.testing.assert_close(g1, w1_grad.chunk(2, 0)[r], **TIGHT)
+        torch.testing.assert_close(g2, w2_grad.chunk(2, 1)[r], **TIGHT)

@@ -11,8 +11,11 @@ there prints its diagnostics (TVP4xx, or the spec's TVP3xx) and is not simulated
 The plan's model file is imported (it runs as Python code): it must lie inside the plan's
 folder, the project root or the stdlib unless ``--allow-model-outside-root`` is given (TVP310).
 
+Before any verdict the reference step's IR is checked against eager torch
+(``simulate.torch_step``); if they differ, no verdict is given (exit 2).
+
 Exit codes: 0 the plan agrees with the spec and no error was reported, 1 it differs or has
-errors, 2 usage or internal error.
+errors, 2 usage or internal error, or no verdict.
 """
 
 from __future__ import annotations
@@ -124,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
     from trainverify_dsl.lower.diagnose import at_spec_line
     from trainverify_dsl.simulate import simulate_file
     from trainverify_dsl.simulate.setup import SimulationSetupError
+    from trainverify_dsl.simulate.torch_step import ReferenceDisagrees
     from trainverify_dsl.spec.errors import SpecError
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own deprecations
@@ -141,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
         located = at_spec_line(list(error.diagnostics), args.plan)
         sys.stdout.write(render_diagnostics(located, [args.plan], args.format))
         return EXIT_DIFFERS
+    except ReferenceDisagrees as error:  # the trusted base is wrong: no verdict at all
+        print(f"tvp simulate: no verdict: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except Exception as error:  # noqa: BLE001 - an internal error is one line, not a traceback
         print(f"tvp simulate: internal error: {type(error).__name__}: {error}",
               file=sys.stderr)

@@ -1,7 +1,8 @@
 """Simulate a plan file end to end: the full-size binding and layout pass first (what
 ``tvp lint --spec`` runs; any error stops here), then build the spec at shrunk sizes
 (``simulate.shrink``), lower the plan to its ``ParallelProgram``, trace the reference step,
-evaluate both on the same random values and run the named checks."""
+evaluate both on the same random values, check the reference against eager torch
+(``simulate.torch_step``) and run the named checks."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from trainverify_dsl.lower.lowering import Lowered, lower
 from trainverify_dsl.lower.program import parallel_program
 from trainverify_dsl.report.diagnostics import Severity
 from trainverify_dsl.simulate.run import (
+    FLOOR,
+    TOLERANCE,
     SimulationResult,
     compare_programs,
     plan_states,
@@ -24,6 +27,7 @@ from trainverify_dsl.simulate.run import (
     spec_values_at,
 )
 from trainverify_dsl.simulate.setup import SimulationSetup, SimulationSetupError, prepare
+from trainverify_dsl.simulate.torch_step import check_reference
 
 
 class ShrinkingLostDivisibility(RuntimeError):
@@ -43,7 +47,11 @@ def simulate_lowered(lowered: Lowered, program: ParallelProgram, reference: Any,
     points = [lin.point for lin in program.lineages if lin.point != "loss"]
     want_points = spec_values_at(model, values, list(lowered.binding.data), points) \
         if points else {}
-    return compare_programs(program, reference, values, reference_opt, want_points)
+    want = reference.evaluate(values)
+    # the reference IR against eager torch first: a verdict on a wrong reference is no verdict
+    check_reference(want, model, values, list(lowered.binding.data), reference_opt,
+                    TOLERANCE, FLOOR)
+    return compare_programs(program, want, values, reference_opt, want_points)
 
 
 def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None,

@@ -1,0 +1,108 @@
+"""The reference step in eager torch: every simulation checks its reference IR against it.
+
+``tvp simulate`` evaluates two IR programs through one importer and one interpreter, so an
+error they share (a wrong op semantics, a mistranslated optimizer) would be invisible in their
+comparison. Before any verdict, the reference IR's loss, gradients, updated parameters and
+optimizer states are compared with this: the spec model run in float64 with
+``torch.autograd`` on the whole batch and stepped with ``torch.optim`` (single-tensor
+implementation) from the same states, at the checked step number. Nothing here goes through
+the tracer, the IR or the interpreter. If the two disagree, the simulation stops with
+``ReferenceDisagrees``: a verdict built on that reference would mean nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainverify_dsl.spec import optim
+
+#: the IR's state names (``spec.optim``) -> torch.optim's
+TORCH_STATE = {"m": "exp_avg", "v": "exp_avg_sq", "momentum": "momentum_buffer"}
+
+
+class ReferenceDisagrees(Exception):
+    """The traced reference step differs from eager torch: an error in the trusted base."""
+
+
+def _torch_optimizer(params: list[torch.Tensor], opt: optim.Optimizer) -> torch.optim.Optimizer:
+    if isinstance(opt, optim.SGD):
+        return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum,
+                               dampening=opt.dampening, weight_decay=opt.weight_decay,
+                               nesterov=opt.nesterov, foreach=False)
+    kind = torch.optim.AdamW if opt.decoupled else torch.optim.Adam
+    return kind(params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
+                weight_decay=opt.weight_decay, foreach=False)
+
+
+def torch_step(model: torch.nn.Module, values: Mapping[str, np.ndarray], data: Sequence[str],
+               opt: optim.Optimizer | None) -> dict[str, np.ndarray]:
+    """``loss``, ``grad(p)``, ``new(p)`` and ``new(<state>(p))`` of one step of ``model`` on
+    ``values`` (parameters, buffers, inputs ``data`` in call order, states ``m(p)``...)."""
+    net = copy.deepcopy(model).double()
+    with torch.no_grad():
+        for name, tensor in [*net.named_parameters(), *net.named_buffers()]:
+            if name in values and tensor.is_floating_point():
+                tensor.copy_(torch.from_numpy(np.asarray(values[name], dtype=np.float64)))
+    loss = net(*(torch.from_numpy(np.asarray(values[d])) for d in data))
+    loss.backward()
+    named = dict(net.named_parameters())
+    out = {"loss": loss.detach().numpy().copy()}
+    for name, p in named.items():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        out[f"grad({name})"] = p.grad.numpy().copy()
+    if opt is None:
+        return out
+    torch_opt = _torch_optimizer(list(named.values()), opt)
+    for name, p in named.items():  # start from the drawn states, one step before the checked
+        state: dict[str, Any] = {TORCH_STATE[s]: torch.from_numpy(
+            np.array(values[f"{s}({name})"], dtype=np.float64)) for s in opt.states}
+        if isinstance(opt, optim.Adam):
+            state["step"] = torch.tensor(float(opt.step - 1))
+        if state:
+            torch_opt.state[p] = state
+    torch_opt.step()
+    for name, p in named.items():
+        out[f"new({name})"] = p.detach().numpy().copy()
+        for s in opt.states:
+            out[f"new({s}({name}))"] = torch_opt.state[p][TORCH_STATE[s]].numpy().copy()
+    return out
+
+
+def check_reference(want: Mapping[str, np.ndarray], model: torch.nn.Module,
+                    values: Mapping[str, np.ndarray], data: Sequence[str],
+                    opt: optim.Optimizer | None, tolerance: float, floor: float) -> int:
+    """Compare the reference IR's outputs ``want`` with ``torch_step``; raises
+    ``ReferenceDisagrees`` on a missing or differing output; returns how many were compared.
+    Errors are relative to the largest entry of the output, or ``floor`` times the largest
+    entry of all outputs if that is more (float64 round-off of one computation done in two
+    orders)."""
+    eager = torch_step(model, values, data, opt)
+    missing = sorted(set(eager) ^ set(want))
+    if missing:
+        raise ReferenceDisagrees(f"the reference IR and eager torch do not produce the same "
+                                 f"outputs: {', '.join(missing[:5])}")
+    magnitude = max((float(np.max(np.abs(v))) for v in eager.values() if np.size(v)),
+                    default=1.0)
+    for name, expected in eager.items():
+        got = np.asarray(want[name], dtype=np.float64)
+        expected = np.asarray(expected, dtype=np.float64)
+        if got.shape != expected.shape:
+            raise ReferenceDisagrees(f"the reference IR gives `{name}` the shape {got.shape}, "
+                                     f"eager torch {expected.shape}")
+        # relative to the output's largest entry, never to less than a millionth of the
+        # largest of all (a gradient that is zero in real arithmetic is round-off both sides)
+        own = float(np.max(np.abs(expected))) if expected.size else 0.0
+        scale = max(own, floor * magnitude, 1e-300)
+        error = float(np.max(np.abs(got - expected))) / scale if expected.size else 0.0
+        if not error < tolerance:
+            raise ReferenceDisagrees(
+                f"the reference step's IR differs from eager torch on `{name}` (relative error "
+                f"{error:.3g}): the simulation's trusted base is wrong here, so no verdict "
+                "is given; please report it")
+    return len(eager)

@@ -3,6 +3,7 @@ statement in program order, with the per-statement checks (names, options, numbe
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -484,7 +485,11 @@ class Builder:
             return None
         value = self.evaluator.number(node, origin)
         if value is not None and value < 0:
-            self._out_of_range(key, "a number of at least 0", str(value), origin)
+            self._out_of_range(key, "a number of at least 0", _shown(value), origin)
+            return None
+        if value is not None and value > FLOAT64_MAX:  # the step computes in float64
+            self._out_of_range(key, "a number a float64 holds (at most 1.8e308)",
+                               _shown(value), origin)
             return None
         return value
 
@@ -500,11 +505,26 @@ class Builder:
                                                   Origin(option.span, origin.trail)))
         if value is None:
             return None
-        if value <= 0:
-            self._invalid_value("clip-grad-norm", "a positive number", origin)
+        if value <= 0 or value > FLOAT64_MAX:
+            self._invalid_value("clip-grad-norm", "a positive number a float64 holds", origin)
             return None
         options = tuple(o for o in stmt.options if o.key.name in vocab.CLIP_OPTIONS)
         return ClipGradNorm(value, self._free_options(options, origin), origin)
+
+
+#: the largest finite float64: hyper-parameters are float64 numbers in the training step
+FLOAT64_MAX = Fraction(sys.float_info.max)
+
+
+def _shown(value: Fraction) -> str:
+    """A number for a message, never thousands of digits (``1e1000`` is exact here)."""
+    text = str(value)
+    if len(text) <= 24:
+        return text
+    if abs(value) <= FLOAT64_MAX:
+        return f"{float(value):.6g}"
+    digits = len(str(abs(value.numerator))) - len(str(value.denominator))
+    return f"about 1e{digits}"
 
 
 def _options_of(stmt: ast.Statement) -> tuple[ast.Option, ...]:

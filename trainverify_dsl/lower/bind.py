@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 from torch import nn
@@ -27,9 +27,12 @@ from trainverify_dsl.lower.findings import Finding
 from trainverify_dsl.plan.model import (
     Algorithm,
     Collective,
+    IndexSeg,
     Layout,
+    Origin,
     Plan,
     TensorPattern,
+    _segment_text,
 )
 from trainverify_dsl.report.span import Span
 
@@ -491,10 +494,56 @@ class _Binder:
             b.algorithms.append((algorithm, tuple(paths)))
 
 
+def list_lengths(model: nn.Module) -> dict[str, int]:
+    """Every module list of ``model`` (a path whose children are numbered) and its length."""
+    lengths: dict[str, int] = {}
+    for name, _ in model.named_modules():
+        parent, _, last = name.rpartition(".")
+        if last.isdigit():
+            lengths[parent] = max(lengths.get(parent, 0), int(last) + 1)
+    return lengths
+
+
+def resolve_indices(plan: Plan, model: nn.Module) -> Plan:
+    """``plan`` with every negative index of a pattern counted from the end of its module list
+    (docs/language.md: ``layers[-1]`` is the last layer); an index before the first stays
+    negative and names nothing (the plan checks report it, TVP268)."""
+    lengths = list_lengths(model)
+
+    def pattern(p: TensorPattern) -> TensorPattern:
+        if not any(isinstance(seg, IndexSeg) and seg.index < 0 for seg in p.segments):
+            return p
+        segments, path = [], []
+        for seg in p.segments:
+            n = lengths.get(".".join(path)) if isinstance(seg, IndexSeg) and seg.index < 0 \
+                else None
+            if n is not None and seg.index + n >= 0:
+                seg = IndexSeg(seg.index + n)
+            segments.append(seg)
+            path.append(_segment_text(seg))
+        return replace(p, segments=tuple(segments))
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, TensorPattern):
+            return pattern(value)
+        if isinstance(value, tuple):
+            items = tuple(walk(v) for v in value)
+            return items if any(a is not b for a, b in zip(items, value, strict=True)) \
+                else value
+        if is_dataclass(value) and not isinstance(value, type | Span | Origin):
+            changed = {f.name: new for f in fields(value) if f.init
+                       for new in [walk(getattr(value, f.name))]
+                       if new is not getattr(value, f.name)}
+            return replace(value, **changed) if changed else value
+        return value
+
+    return walk(plan)
+
+
 def bind_plan(plan: Plan, model: nn.Module, data: Mapping[str, tuple[int, ...]],
               sizes: Mapping[str, int]) -> Binding:
     """Resolve every name of ``plan`` against ``model`` and its input shapes."""
     return _Binder(plan, model, data, sizes).run()
 
 
-__all__ = ["Binding", "Claim", "bind_plan"]
+__all__ = ["Binding", "Claim", "bind_plan", "list_lengths", "resolve_indices"]

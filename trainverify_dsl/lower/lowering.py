@@ -40,7 +40,7 @@ from trainverify_dsl.ir.layout import (
     normalize_dim,
 )
 from trainverify_dsl.lower import algorithms, collectives  # noqa: F401 - registers tvp.collective
-from trainverify_dsl.lower.bind import Binding, bind_plan
+from trainverify_dsl.lower.bind import Binding, bind_plan, resolve_indices
 from trainverify_dsl.lower.capture import MARK, Captured, capture_forward, module_stack
 from trainverify_dsl.lower.findings import Finding, LoweringError, merge_repeats
 from trainverify_dsl.lower.gradients import GradientTracker
@@ -678,6 +678,7 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> L
     softer problems are ``Lowered.findings``."""
     if plan.mesh is None:
         raise LoweringError(Finding("unbound-name", "the plan has no mesh", None, ""))
+    plan = resolve_indices(plan, model)  # layers[-1] is the last layer
     sizes = input_sizes(plan)
     binding = bind_plan(plan, model, {k: tuple(v.shape) for k, v in inputs.items()}, sizes)
     if binding.errors:

@@ -307,7 +307,10 @@ def path_text(path: ast.Path) -> str:
     parts = []
     for index, segment in enumerate(path.segments):
         text = _segment_text(segment)
-        parts.append(text if index == 0 or isinstance(segment, ast.Slice) else "." + text)
+        if isinstance(segment, ast.Index) and segment.index < 0:
+            text = f"[{text}]"  # `layers.-1` does not parse; `layers[-1]` does
+        bracketed = isinstance(segment, ast.Slice) or text.startswith("[")
+        parts.append(text if index == 0 or bracketed else "." + text)
     return "".join(parts)
 
 

@@ -167,8 +167,11 @@ def find_layers_out_of_range(plan: Plan, n_layers: int) -> list[Diagnostic]:
         if not _beyond(segments[1], n_layers) or (str(target), origin.span) in seen:
             continue
         seen.add((str(target), origin.span))
+        first = segments[1]
+        where = ("before the first one (a negative index counts from the end)"
+                 if isinstance(first, IndexSeg) and first.index < 0 else "beyond the last one")
         found.append(messages.at(
-            codes.LAYER_OUT_OF_RANGE, f"'{target}' names layers beyond the last one", origin,
+            codes.LAYER_OUT_OF_RANGE, f"'{target}' names layers {where}", origin,
             notes=[f"the model has {n_layers} layers (layers[0:{n_layers}])"],
             help="check the spec's config, or use layer indices below the layer count"))
     return found

@@ -158,7 +158,8 @@ class TensorPattern:
         text = ""
         for seg in self.segments:
             part = _segment_text(seg)
-            text += f"[{part}]" if isinstance(seg, SliceSeg) else ("." if text else "") + part
+            bracketed = isinstance(seg, SliceSeg) or (isinstance(seg, IndexSeg) and seg.index < 0)
+            text += f"[{part}]" if bracketed else ("." if text else "") + part
         object.__setattr__(self, "_text", f"grad({text})" if self.grad else text)
 
     def __str__(self) -> str:

@@ -449,7 +449,7 @@ def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) 
     """The shrunk sizes of ``plan``'s model (the rule of the module docstring); ``model_ref``
     is the model file already located and allowed (``setup.locate_model``). Raises
     ``ShrinkError`` when the model cannot be probed, ``SpecError`` when it cannot be built."""
-    from trainverify_dsl.lower.bind import bind_plan
+    from trainverify_dsl.lower.bind import bind_plan, resolve_indices
     from trainverify_dsl.lower.lowering import input_sizes
     from trainverify_dsl.spec.load import load_model, model_input_specs
 
@@ -466,6 +466,7 @@ def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) 
     except Exception as error:  # noqa: BLE001 - a SpecError or the model's own check
         raise ShrinkError(f"the model rejects independent widths {probe}: {error}") from None
     specs = dict(model_input_specs(fake, probe["batch"], probe["seq"]))
+    plan = resolve_indices(plan, fake)  # as the lowering reads it
     binding = bind_plan(plan, fake, {k: tuple(s) for k, (s, _) in specs.items()},
                         input_sizes(plan))
     points = {p for p, sts in binding.point_collectives.items()

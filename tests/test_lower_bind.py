@@ -221,3 +221,20 @@ def test_partial_claim_on_a_computed_tensor_is_not_a_binding_error(tmp_path: Pat
                            "all-reduce fc2.out over tp")
     lw = lowered(path)
     assert "fc2.out" in lw.binding.claims
+
+
+def test_params_names_every_parameter_and_no_input_or_loss(tmp_path: Path) -> None:
+    """`params` means the model's parameters (docs/language.md), whatever its inputs are
+    called: `replicate params` must not replicate an input named `x` (it did: only inputs
+    named `tokens`/`labels` were excluded) nor claim a layout for `loss`."""
+    path = write(tmp_path, """
+        split x [dp, -, -]
+        split target [dp, -, -]
+        replicate params
+        all-reduce grad(params) over dp op=avg
+        """, mesh="mesh dp=2")
+    lw = lowered(path)
+    assert not lw.findings, [f.message for f in lw.findings]
+    assert "x" in lw.binding.data_layouts and lw.binding.data_layouts["x"].dim_axes
+    assert set(lw.binding.param_layouts) == set(lw.binding.params)
+    assert "loss" not in lw.binding.claims

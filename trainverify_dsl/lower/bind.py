@@ -269,8 +269,9 @@ class _Binder:
                     b.grad_claims.setdefault(n, []).append(layout)
                 continue
             params = [n for n in b.params if target.matches(n)]
-            data = [n for n in b.data if target.matches(n)]
-            points = [p for p in self.points + ["loss"] if target.matches(p)]
+            data = [] if target.is_params else [n for n in b.data if target.matches(n)]
+            points = [] if target.is_params else \
+                [p for p in self.points + ["loss"] if target.matches(p)]
             if not (params or data or points):
                 self.unknown(target, span, list(b.params) + list(b.data) + self.points +
                              ["loss"], "parameter, input or module boundary")
@@ -345,7 +346,7 @@ class _Binder:
                     self.unknown(target, span, [f"grad({n})" for n in b.params], "gradient")
                 b.grad_statements.append((st, names))
                 continue
-            points = [p for p in self.points if target.matches(p)]
+            points = [] if target.is_params else [p for p in self.points if target.matches(p)]
             if not points and self._not_a_point(st):
                 continue
             if not points:
@@ -452,7 +453,8 @@ class _Binder:
         a collective runs. Reported with what the name is (TVP401); ``True`` if it was."""
         target = st.target
         kinds = [("a parameter", [n for n in self.b.params if target.matches(n)]),
-                 ("a model input", [n for n in self.b.data if target.matches(n)]),
+                 ("a model input", [] if target.is_params else
+                  [n for n in self.b.data if target.matches(n)]),
                  ("the loss", ["loss"] if str(target) == "loss" else [])]
         for what, names in kinds:
             if names:

@@ -171,6 +171,11 @@ class TensorPattern:
         return first.name if isinstance(first, NameSeg) else None
 
     @property
+    def is_params(self) -> bool:
+        """``params``: every parameter of the model, never one of its inputs."""
+        return self.segments == (NameSeg("params"),)
+
+    @property
     def is_concrete(self) -> bool:
         return all(isinstance(seg, NameSeg | IndexSeg) for seg in self.segments)
 

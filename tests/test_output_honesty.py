@@ -109,3 +109,78 @@ def test_github_prints_an_error_command(layout_pass_crashes, capsys, monkeypatch
     assert out == ("::error file=plans/mlp_tiny_dp.tvp,title=tvp internal error::internal "
                    f"error while linting plans/mlp_tiny_dp.tvp: {CRASH}\n")
     assert "no issues found" not in err
+
+
+# --- tvp simulate --format json ------------------------------------------------------------
+
+#: the keys of every ``tvp simulate --format json`` document, whatever happened
+SIMULATE_KEYS = {"plan", "verdict", "agrees", "error", "max_rel_error", "tolerance", "ranks",
+                 "compared", "sizes", "first_difference", "mismatches", "mismatch_count",
+                 "lineage_mismatches", "findings"}
+
+
+def simulate_json(capsys: pytest.CaptureFixture[str], plan: str) -> tuple[int, dict, str]:
+    """Exit code, the one document on stdout (``json.loads`` refuses anything more), stderr."""
+    status = main(["simulate", plan, "--format", "json"])
+    out, err = capsys.readouterr()
+    return status, json.loads(out), err
+
+
+def test_simulate_agrees(capsys) -> None:
+    status, document, _ = simulate_json(capsys, CLEAN_PLAN)
+    assert set(document) == SIMULATE_KEYS
+    assert (status, document["verdict"], document["agrees"]) == (0, "agrees", True)
+    assert document["error"] is None and document["findings"] == []
+    assert document["max_rel_error"] < document["tolerance"]
+    assert document["first_difference"] is None and document["mismatches"] == []
+
+
+def test_simulate_refused_by_the_layout_pass(capsys) -> None:
+    plan = str(ROOT / "plans" / "bugs" / "sum_instead_of_avg.tvp")
+    status, document, _ = simulate_json(capsys, plan)
+    assert set(document) == SIMULATE_KEYS
+    assert (status, document["verdict"], document["agrees"]) == (1, "errors", False)
+    assert document["findings"] and all(f["span"]["file"] for f in document["findings"])
+    assert any(f["severity"] == "error" for f in document["findings"])
+    assert document["error"] and document["max_rel_error"] is None
+
+
+def test_simulate_internal_error(capsys, monkeypatch) -> None:
+    # simulate_cmd looks ``simulate_file`` up in trainverify_dsl.simulate at each run
+    monkeypatch.setattr("trainverify_dsl.simulate.simulate_file", crash)
+    status, document, err = simulate_json(capsys, CLEAN_PLAN)
+    assert set(document) == SIMULATE_KEYS
+    assert (status, document["verdict"], document["agrees"]) == (2, "internal-error", False)
+    assert document["error"] == CRASH
+    assert document["findings"] == [] and document["max_rel_error"] is None
+    assert err.strip() == f"tvp simulate: internal error: {CRASH}"
+
+
+def test_simulate_no_verdict(capsys, monkeypatch) -> None:
+    from trainverify_dsl.simulate.torch_step import ReferenceDisagrees
+
+    def disagree(*args: object, **kwargs: object) -> None:
+        raise ReferenceDisagrees("the reference loss differs from eager torch")
+
+    monkeypatch.setattr("trainverify_dsl.simulate.simulate_file", disagree)
+    status, document, err = simulate_json(capsys, CLEAN_PLAN)
+    assert set(document) == SIMULATE_KEYS
+    assert (status, document["verdict"], document["agrees"]) == (2, "no-verdict", False)
+    assert document["error"] == "the reference loss differs from eager torch"
+    assert err.startswith("tvp simulate: no verdict: ")
+
+
+def test_simulate_missing_plan(capsys, tmp_path: Path) -> None:
+    status, document, _ = simulate_json(capsys, str(tmp_path / "nope.tvp"))
+    assert set(document) == SIMULATE_KEYS
+    assert (status, document["verdict"], document["agrees"]) == (1, "errors", False)
+    assert [f["code"] for f in document["findings"]] == ["TVP109"]
+
+
+def test_simulate_plan_without_a_spec_is_a_usage_error(capsys, tmp_path: Path) -> None:
+    plan = tmp_path / "nospec.tvp"
+    plan.write_text("plan nospec\nmesh dp=2\n", encoding="utf-8")
+    status, document, err = simulate_json(capsys, str(plan))
+    assert set(document) == SIMULATE_KEYS
+    assert (status, document["verdict"], document["agrees"]) == (2, "usage-error", False)
+    assert "spec" in document["error"] and err.startswith("tvp simulate: ")

@@ -18,12 +18,14 @@ DIAGNOSTIC_KEYS = {"code", "name", "severity", "message", "file", "line", "colum
 def test_document_shape_and_summary() -> None:
     report = LintReport.of([error(), warning("w", file="b.tvp")], [FILE, "b.tvp", "c.tvp"])
     document = json.loads(render_json(report))
-    assert set(document) == {"version", "tool", "diagnostics", "files", "summary"}
-    assert document["version"] == JSON_SCHEMA_VERSION == 1
+    assert set(document) == {"version", "tool", "diagnostics", "files", "internal_errors",
+                             "summary"}
+    assert document["version"] == JSON_SCHEMA_VERSION == 2
     assert document["tool"] == {"name": "tvp", "version": __version__}
     assert document["files"] == [FILE, "b.tvp", "c.tvp"]
+    assert document["internal_errors"] == []
     assert document["summary"] == {"files": 3, "files_with_findings": 2, "errors": 1,
-                                   "warnings": 1, "notes": 0}
+                                   "warnings": 1, "notes": 0, "internal_errors": 0}
 
 
 def test_diagnostic_fields() -> None:

@@ -55,6 +55,16 @@ ALLOWED = {
     "region": {"startLine", "startColumn", "endLine", "endColumn", "charOffset", "charLength",
                "byteOffset", "byteLength", "snippet", "message", "sourceLanguage",
                "properties"},
+    "invocation": {"commandLine", "arguments", "responseFiles", "startTimeUtc", "endTimeUtc",
+                   "exitCode", "ruleConfigurationOverrides", "notificationConfigurationOverrides",
+                   "toolExecutionNotifications", "toolConfigurationNotifications",
+                   "exitCodeDescription", "exitSignalName", "exitSignalNumber",
+                   "processStartFailureMessage", "executionSuccessful", "machine", "account",
+                   "processId", "executableLocation", "workingDirectory",
+                   "environmentVariables", "stdin", "stdout", "stderr", "stdoutStderr",
+                   "properties"},
+    "notification": {"locations", "message", "level", "threadId", "timeUtc", "exception",
+                     "descriptor", "associatedRule", "properties"},
     "artifact": {"description", "location", "parentIndex", "offset", "length", "roles",
                  "mimeType", "contents", "encoding", "sourceLanguage", "hashes",
                  "lastModifiedTimeUtc", "properties"},
@@ -91,6 +101,22 @@ def validate(log: dict[str, Any]) -> None:
         validate_artifact_location(artifact["location"], run["artifacts"])
     for result in run["results"]:
         validate_result(result, driver["rules"], run["artifacts"])
+    for invocation in run.get("invocations", []):
+        validate_invocation(invocation, run["artifacts"])
+
+
+def validate_invocation(invocation: dict[str, Any], artifacts: list[Any]) -> None:
+    check("invocation", invocation, {"executionSuccessful"})
+    assert isinstance(invocation["executionSuccessful"], bool)
+    for notification in invocation.get("toolExecutionNotifications", []):
+        check("notification", notification, {"message"})
+        check_text("message", notification["message"])
+        assert notification["level"] in LEVELS
+        for location in notification.get("locations", []):
+            check("location", location)
+            physical = location["physicalLocation"]
+            check("physical", physical, {"artifactLocation"})
+            validate_artifact_location(physical["artifactLocation"], artifacts)
 
 
 def validate_rule(rule: dict[str, Any]) -> None:

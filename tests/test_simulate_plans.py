@@ -82,9 +82,10 @@ def test_cli_json_full_size_errors_stop_the_simulation(
         capsys: pytest.CaptureFixture[str]) -> None:
     plan = str(ROOT / "plans" / "bugs" / "loss_not_scaled.tvp")
     assert main(["simulate", plan, "--format", "json"]) == 1
-    out = capsys.readouterr().out
-    json.loads(out)
-    assert "TVP411" in out and "agrees" not in out
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "errors" and report["agrees"] is False
+    assert "TVP411" in [finding["code"] for finding in report["findings"]]
+    assert report["max_rel_error"] is None
 
 
 def test_cli_text_agrees_exit_zero(capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,6 +23,13 @@ handed to the linter, which reports it as a diagnostic. Output goes to stdout:
 Exit codes: 0 no errors (warnings and notes allowed), 1 at least one error, 2 usage error
 (argparse), no ``.tvp`` file found, or an internal error while linting a file (reported on
 stderr as one line, never a traceback).
+
+An internal error (any unexpected exception while linting a file, in the layout pass of
+``--spec`` too) is never reported as success, in any format: the other files are still
+linted, and the crashed file is counted as an error (``1 error (1 internal error), ...`` in
+the text summary), listed under ``internal_errors`` in JSON, makes SARIF's
+``invocations[0].executionSuccessful`` false with a tool execution notification, and gets a
+file-level ``::error`` in the github format.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from trainverify_dsl.report.diagnostics import Diagnostic, Severity
 from trainverify_dsl.report.render import (
     FORMATS,
     FileSources,
+    InternalError,
     LintReport,
     render,
     summarize,
@@ -78,9 +86,14 @@ def add_model_root_option(parser: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True, slots=True)
 class LintRun:
+    #: the files the linter crashed on are ``report.internal_errors`` (exit 2)
     report: LintReport
-    #: One line per file the linter crashed on (an internal error, exit 2).
-    failures: tuple[str, ...] = ()
+
+    @property
+    def failures(self) -> tuple[str, ...]:
+        """One stderr line per file the linter crashed on."""
+        return tuple(f"tvp lint: internal error while linting {failure.file}: "
+                     f"{failure.message}" for failure in self.report.internal_errors)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def exit_code(outcome: LintRun) -> int:
-    if outcome.failures:
+    if outcome.report.internal_errors:
         return EXIT_USAGE
     has_errors = any(d.severity is Severity.ERROR for d in outcome.report.diagnostics)
     return EXIT_FINDINGS if has_errors else EXIT_CLEAN
@@ -120,16 +133,15 @@ def lint_paths(files: Iterable[str], linter: Linter | None = None) -> LintRun:
     """Lint each file in process; a crash in the linter becomes a failure line, not a raise."""
     lint = linter or default_linter()
     diagnostics: list[Diagnostic] = []
-    failures: list[str] = []
+    failures: list[InternalError] = []
     checked: list[str] = []
     for file in files:
         checked.append(file)
         try:
             diagnostics.extend(lint(file))
         except Exception as error:  # a linter bug must not print a traceback
-            failures.append(f"tvp lint: internal error while linting {file}: "
-                            f"{type(error).__name__}: {error}")
-    return LintRun(LintReport.of(diagnostics, checked), tuple(failures))
+            failures.append(InternalError(file, f"{type(error).__name__}: {error}"))
+    return LintRun(LintReport.of(diagnostics, checked, failures))
 
 
 def default_linter() -> Linter:

@@ -3,8 +3,7 @@
 The mesh is kept; a large model is shrunk to small widths first (``simulate/shrink.py``). Both
 sides run in float64 on the same random parameters, optimizer states and inputs; the result
 is the largest relative error over the loss, every gradient copy and every updated parameter,
-and the first tensor that differs, with the plan line responsible. ``--format json`` prints one
-JSON object (``agrees``, ``max_rel_error``, ``first_difference``...).
+and the first tensor that differs, with the plan line responsible.
 
 The full-size binding and layout pass (``tvp lint --spec``) runs first: a plan with an error
 there prints its diagnostics (TVP4xx, or the spec's TVP3xx) and is not simulated.
@@ -13,6 +12,42 @@ folder, the project root or the stdlib unless ``--allow-model-outside-root`` is 
 
 Before any verdict the reference step's IR is checked against eager torch
 (``simulate.torch_step``); if they differ, no verdict is given (exit 2).
+
+``--format json`` prints exactly one JSON document on stdout whatever happens, always with
+the same keys (values that need a simulation are ``null``, or empty, when none ran)::
+
+    {
+      "plan": "plans/a.tvp",
+      "verdict": "agrees" | "differs" | "errors" | "no-verdict" | "internal-error"
+                 | "usage-error",
+      "agrees": true,              # true only with verdict "agrees"
+      "error": null,               # or why there is no verdict / no simulation
+      "max_rel_error": 1.2e-16,    # null without a simulation (or when not finite)
+      "tolerance": 1e-09,          # null without a simulation
+      "ranks": 4, "compared": 25,  # null without a simulation
+      "sizes": {"d_model": 8},     # the shrunk sizes; null without a simulation
+      "first_difference": null,    # or a mismatch (below)
+      "mismatches": [],            # at most 20 mismatches
+      "mismatch_count": 0,
+      "lineage_mismatches": [],
+      "findings": [{"code": "TVP411", "name": ..., "severity": "error", "message": ...,
+                    "span": {"file": ..., "line": ..., "col": ...} | null, "help": ... | null}]
+    }
+
+A mismatch is ``{"tensor", "rank", "rel_error", "span", "detail"}``. Verdicts:
+
+    agrees          every check held and no error was reported                       exit 0
+    differs         a compared tensor differs (findings may hold errors as well)     exit 1
+    errors          the plan has error diagnostics (``findings``): refused by the    exit 1
+                    layout pass, a missing or unreadable plan, a broken spec model,
+                    or errors reported beside a simulation that otherwise agrees
+    usage-error     the plan cannot be simulated as given (no ``spec`` line, ...)    exit 2
+    no-verdict      the reference step disagrees with eager torch                    exit 2
+    internal-error  an unexpected exception (``error`` names it)                     exit 2
+
+Argument errors are argparse's (exit 2, usage on stderr, nothing on stdout). Without
+``--format json`` the text output is as before; every exit-2 case also prints one line on
+stderr, in both formats.
 
 Exit codes: 0 the plan agrees with the spec and no error was reported, 1 it differs or has
 errors, 2 usage or internal error, or no verdict.
@@ -24,6 +59,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from trainverify_dsl.cli.lint_cmd import add_model_root_option
@@ -33,6 +69,28 @@ EXIT_DIFFERS = 1
 EXIT_USAGE = 2
 #: mismatches listed in the output
 SHOWN = 20
+
+# --- verdicts (the JSON document's ``verdict``) ---
+AGREES = "agrees"
+DIFFERS = "differs"
+ERRORS = "errors"
+USAGE_ERROR = "usage-error"
+NO_VERDICT = "no-verdict"
+INTERNAL_ERROR = "internal-error"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one ``tvp simulate`` run ended with, whatever happened."""
+
+    verdict: str
+    status: int
+    #: the ``SimulationResult`` when a simulation ran
+    result: Any = None
+    #: the diagnostics that stopped the simulation (verdict ``errors`` without a result)
+    refusal: tuple[Any, ...] = ()
+    #: why there is no verdict or no simulation (the stderr line's text)
+    error: str | None = None
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -60,11 +118,31 @@ def _mismatch(m: Any) -> dict[str, Any]:
 
 
 def result_json(path: str, result: Any) -> dict[str, Any]:
+    """The JSON document of a simulation that ran (see the module docstring)."""
+    return outcome_json(path, finished(result))
+
+
+def outcome_json(path: str, outcome: Outcome) -> dict[str, Any]:
+    """The one JSON document of a run, with the same keys whatever its verdict."""
+    document: dict[str, Any] = {
+        "plan": path,
+        "verdict": outcome.verdict,
+        "agrees": outcome.verdict == AGREES,
+        "error": outcome.error,
+        "max_rel_error": None, "tolerance": None, "ranks": None, "compared": None,
+        "sizes": None, "first_difference": None, "mismatches": [], "mismatch_count": 0,
+        "lineage_mismatches": [],
+        "findings": [_diagnostic(d) for d in outcome.refusal],
+    }
+    if outcome.result is not None:
+        document.update(_simulation_json(outcome.result))
+    return document
+
+
+def _simulation_json(result: Any) -> dict[str, Any]:
     from trainverify_dsl.simulate import TOLERANCE
 
     return {
-        "plan": path,
-        "agrees": agrees(result),
         "max_rel_error": _number(result.max_rel_error),
         "tolerance": TOLERANCE,
         "ranks": result.ranks,
@@ -123,40 +201,70 @@ def _text(path: str, result: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     import warnings
 
-    from trainverify_dsl.cli.lint_cmd import render_diagnostics
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own deprecations
+    outcome = simulate(args)
+    if outcome.status == EXIT_USAGE:
+        print(_stderr_line(outcome), file=sys.stderr)
+    if args.format == "json":
+        print(json.dumps(outcome_json(args.plan, outcome), indent=2))
+    elif outcome.result is not None:
+        sys.stdout.write(_text(args.plan, outcome.result))
+    elif outcome.refusal:
+        from trainverify_dsl.cli.lint_cmd import render_diagnostics
+
+        sys.stdout.write(render_diagnostics(list(outcome.refusal), [args.plan], "text"))
+    return outcome.status
+
+
+def simulate(args: argparse.Namespace) -> Outcome:
+    """Run the simulation; every way it can end is an ``Outcome``, never a raise."""
+    try:
+        return _simulate(args)
+    except Exception as error:  # noqa: BLE001 - an internal error is a verdict, not a traceback
+        return Outcome(INTERNAL_ERROR, EXIT_USAGE, error=f"{type(error).__name__}: {error}")
+
+
+def _simulate(args: argparse.Namespace) -> Outcome:
     from trainverify_dsl.lower.diagnose import at_spec_line
     from trainverify_dsl.simulate import simulate_file
     from trainverify_dsl.simulate.setup import SimulationSetupError
     from trainverify_dsl.simulate.torch_step import ReferenceDisagrees
     from trainverify_dsl.spec.errors import SpecError
 
-    warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own deprecations
     try:
         result = simulate_file(args.plan, seed=args.seed,
                                shrink=False if args.no_shrink else None,
                                allow_model_outside_root=args.allow_model_outside_root)
     except SimulationSetupError as error:
         if not error.diagnostics:
-            print(f"tvp simulate: {error}", file=sys.stderr)
-            return EXIT_USAGE
-        sys.stdout.write(render_diagnostics(list(error.diagnostics), [args.plan], args.format))
-        return EXIT_DIFFERS
+            return Outcome(USAGE_ERROR, EXIT_USAGE, error=str(error))
+        return refused(error.diagnostics)
     except SpecError as error:
-        located = at_spec_line(list(error.diagnostics), args.plan)
-        sys.stdout.write(render_diagnostics(located, [args.plan], args.format))
-        return EXIT_DIFFERS
+        return refused(at_spec_line(list(error.diagnostics), args.plan))
     except ReferenceDisagrees as error:  # the trusted base is wrong: no verdict at all
-        print(f"tvp simulate: no verdict: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except Exception as error:  # noqa: BLE001 - an internal error is one line, not a traceback
-        print(f"tvp simulate: internal error: {type(error).__name__}: {error}",
-              file=sys.stderr)
-        return EXIT_USAGE
-    if args.format == "json":
-        print(json.dumps(result_json(args.plan, result), indent=2))
-    else:
-        sys.stdout.write(_text(args.plan, result))
-    return EXIT_AGREES if agrees(result) else EXIT_DIFFERS
+        return Outcome(NO_VERDICT, EXIT_USAGE, error=str(error))
+    return finished(result)
+
+
+def refused(diagnostics: Any) -> Outcome:
+    """Not simulated: the plan (or its spec) has errors, which ``diagnostics`` hold."""
+    from trainverify_dsl.report.diagnostics import Severity
+
+    errors = sum(1 for d in diagnostics if d.severity is Severity.ERROR)
+    return Outcome(ERRORS, EXIT_DIFFERS, refusal=tuple(diagnostics),
+                   error=f"not simulated: {errors} error(s) in the plan or its spec")
+
+
+def finished(result: Any) -> Outcome:
+    """A simulation that ran: agrees, differs, or agrees beside reported errors."""
+    if agrees(result):
+        return Outcome(AGREES, EXIT_AGREES, result)
+    return Outcome(DIFFERS if not result.agrees else ERRORS, EXIT_DIFFERS, result)
+
+
+def _stderr_line(outcome: Outcome) -> str:
+    prefix = {NO_VERDICT: "no verdict: ", INTERNAL_ERROR: "internal error: "}
+    return f"tvp simulate: {prefix.get(outcome.verdict, '')}{outcome.error}"
 
 
 def has_errors(result: Any) -> bool:

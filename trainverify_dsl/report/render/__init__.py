@@ -1,9 +1,9 @@
 """Renderers: diagnostics in, text out. Collection happens elsewhere.
 
-Every renderer is a pure function of a ``LintReport`` (the diagnostics plus the files that
-were checked) and a ``SourceLookup`` (file path -> its text, or ``None`` when it cannot be
-read). Nothing here reads files, the terminal or the environment; ``FileSources`` is the
-disk-backed lookup the CLI passes in.
+Every renderer is a pure function of a ``LintReport`` (the diagnostics, the files that were
+checked and the files the linter crashed on) and a ``SourceLookup`` (file path -> its text,
+or ``None`` when it cannot be read). Nothing here reads files, the terminal or the
+environment; ``FileSources`` is the disk-backed lookup the CLI passes in.
 
 Formats (``FORMATS``), each documented in its module:
 
@@ -28,24 +28,42 @@ FORMATS: tuple[str, ...] = ("text", "json", "sarif", "github")
 
 
 @dataclass(frozen=True, slots=True)
+class InternalError:
+    """A file the linter crashed on. Nothing said about it can be trusted, so every format
+    reports it as a failure (an error in the counts), never as a clean file."""
+
+    file: str
+    #: ``RuntimeError: what went wrong`` (the exception's class, then its text)
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class LintReport:
-    """What a lint run found: its diagnostics and every file it checked (clean ones too)."""
+    """What a lint run found: its diagnostics, every file it checked (clean ones too) and the
+    files it crashed on (also among ``files``)."""
 
     diagnostics: tuple[Diagnostic, ...]
     files: tuple[str, ...]
+    internal_errors: tuple[InternalError, ...] = ()
 
     @staticmethod
-    def of(diagnostics: Iterable[Diagnostic], files: Iterable[str]) -> LintReport:
-        return LintReport(tuple(sort_diagnostics(diagnostics)), tuple(files))
+    def of(diagnostics: Iterable[Diagnostic], files: Iterable[str],
+           internal_errors: Iterable[InternalError] = ()) -> LintReport:
+        return LintReport(tuple(sort_diagnostics(diagnostics)), tuple(files),
+                          tuple(internal_errors))
 
 
 @dataclass(frozen=True, slots=True)
 class Summary:
+    #: error diagnostics plus internal errors (a crash is never a clean run)
     errors: int
     warnings: int
     notes: int
+    #: files with a diagnostic or an internal error
     files_with_findings: int
     files_checked: int
+    #: how many of ``errors`` are internal errors (files the linter crashed on)
+    internal_errors: int = 0
 
     @property
     def clean(self) -> bool:
@@ -61,10 +79,12 @@ def summarize(report: LintReport) -> Summary:
     def count(severity: Severity) -> int:
         return sum(1 for d in report.diagnostics if d.severity is severity)
 
+    crashed = len(report.internal_errors)
     files_with = {d.span.file for d in report.diagnostics}
+    files_with |= {failure.file for failure in report.internal_errors}
     files_checked = len(set(report.files) | files_with)
-    return Summary(count(Severity.ERROR), count(Severity.WARNING), count(Severity.NOTE),
-                   len(files_with), files_checked)
+    return Summary(count(Severity.ERROR) + crashed, count(Severity.WARNING),
+                   count(Severity.NOTE), len(files_with), files_checked, crashed)
 
 
 def plural(count: int, word: str) -> str:
@@ -72,10 +92,15 @@ def plural(count: int, word: str) -> str:
 
 
 def summary_line(summary: Summary) -> str:
-    """``2 errors, 1 warning in 1 file (3 files checked)`` or ``no issues found in 3 files``."""
+    """``2 errors, 1 warning in 1 file (3 files checked)`` or ``no issues found in 3 files``;
+    internal errors are counted among the errors and named: ``1 error (1 internal error), 0
+    warnings in 1 file (1 file checked)``."""
     if summary.clean:
         return f"no issues found in {plural(summary.files_checked, 'file')}"
-    parts = [plural(summary.errors, "error"), plural(summary.warnings, "warning")]
+    errors = plural(summary.errors, "error")
+    if summary.internal_errors:
+        errors += f" ({plural(summary.internal_errors, 'internal error')})"
+    parts = [errors, plural(summary.warnings, "warning")]
     if summary.notes:
         parts.append(plural(summary.notes, "note"))
     found = ", ".join(parts)

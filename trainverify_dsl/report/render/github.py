@@ -11,8 +11,10 @@ both inclusive (GitHub's annotation convention) and are given only for single-li
 because GitHub ignores columns on multi-line annotations. Data (the message, with notes and
 help on following lines) escapes ``%``, ``\\r``, ``\\n``; property values also escape ``:``
 and ``,``. Absolute paths under ``root`` (the workspace) are made relative to it. Related
-locations become ``notice`` annotations. No summary line here: the CLI
-prints it on stderr so that stdout holds only workflow commands.
+locations become ``notice`` annotations. A file the linter crashed on gets a file-level
+``::error file=...,title=tvp internal error::internal error while linting ...`` (no line: the
+crash belongs to no statement). No summary line here: the CLI prints it on stderr so that
+stdout holds only workflow commands.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 from pathlib import PurePath
 
 from trainverify_dsl.report.diagnostics import Diagnostic, Severity
-from trainverify_dsl.report.render import LintReport
+from trainverify_dsl.report.render import InternalError, LintReport
 from trainverify_dsl.report.span import Span
 
 _COMMANDS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.NOTE: "notice"}
@@ -31,7 +33,16 @@ def render_github(report: LintReport, *, root: str | None = None) -> str:
     lines: list[str] = []
     for diagnostic in report.diagnostics:
         lines.extend(diagnostic_commands(diagnostic, root))
+    lines += [internal_error_command(failure, root) for failure in report.internal_errors]
     return "".join(line + "\n" for line in lines)
+
+
+def internal_error_command(failure: InternalError, root: str | None = None) -> str:
+    """A file-level ``::error`` for a file the linter crashed on."""
+    properties = [("file", workspace_path(failure.file, root)), ("title", "tvp internal error")]
+    joined = ",".join(f"{key}={escape_property(value)}" for key, value in properties)
+    text = f"internal error while linting {failure.file}: {failure.message}"
+    return f"::error {joined}::{escape_data(text)}"
 
 
 def diagnostic_commands(diagnostic: Diagnostic, root: str | None = None) -> list[str]:

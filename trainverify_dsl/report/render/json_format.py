@@ -3,7 +3,7 @@
 ::
 
     {
-      "version": 1,
+      "version": 2,
       "tool": {"name": "tvp", "version": "0.1.0"},
       "diagnostics": [
         {
@@ -16,13 +16,23 @@
         }
       ],
       "files": ["plans/a.tvp", "plans/b.tvp"],
+      "internal_errors": [],
       "summary": {"files": 2, "files_with_findings": 1, "errors": 1, "warnings": 0,
-                  "notes": 0}
+                  "notes": 0, "internal_errors": 0}
     }
 
 Lines and columns are 1-based, counted in Unicode code points; ``end_column`` is exclusive
 (the column just after the span), as in ``Span``. Diagnostics are sorted by file, line,
 column, code. ``severity`` is ``error``, ``warning`` or ``note``.
+
+``internal_errors`` lists the files the linter crashed on, as
+``{"file": "plans/b.tvp", "message": "RuntimeError: ..."}``: nothing was checked in them, so
+``summary.errors`` counts them too (and ``summary.internal_errors`` says how many of the
+errors they are). A document with ``summary.errors == 0`` is a clean run; anything else is
+not, whatever ``diagnostics`` holds.
+
+Version 2 added ``internal_errors`` and ``summary.internal_errors`` (version 1 reported a
+crash nowhere in the document).
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ from trainverify_dsl.report.diagnostics import Diagnostic
 from trainverify_dsl.report.render import LintReport, summarize
 from trainverify_dsl.report.span import Span
 
-JSON_SCHEMA_VERSION = 1
+JSON_SCHEMA_VERSION = 2
 
 
 def render_json(report: LintReport) -> str:
@@ -50,12 +60,15 @@ def report_to_json(report: LintReport) -> dict[str, Any]:
         "tool": {"name": "tvp", "version": __version__},
         "diagnostics": [diagnostic_to_json(d) for d in report.diagnostics],
         "files": list(report.files),
+        "internal_errors": [{"file": failure.file, "message": failure.message}
+                            for failure in report.internal_errors],
         "summary": {
             "files": summary.files_checked,
             "files_with_findings": summary.files_with_findings,
             "errors": summary.errors,
             "warnings": summary.warnings,
             "notes": summary.notes,
+            "internal_errors": summary.internal_errors,
         },
     }
 

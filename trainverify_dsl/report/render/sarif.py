@@ -12,6 +12,10 @@ Locations: ``artifactLocation.uri`` is relative with forward slashes and percent
 outside ``root`` gets an absolute ``file://`` URI instead. ``artifacts`` lists every file
 checked, and ``artifactLocation.index`` points into it. Regions are 1-based, ``endColumn``
 exclusive, and columns count Unicode code points (``columnKind: unicodeCodePoints``).
+
+``invocations[0].executionSuccessful`` is ``false`` when the linter crashed on a file; each
+crash is a ``toolExecutionNotifications`` entry (level ``error``, the message, the file as its
+location), so a consumer never takes a crashed run for a clean one.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 from urllib.parse import quote
 
 from trainverify_dsl.report.diagnostics import Code, Diagnostic, Severity
-from trainverify_dsl.report.render import LintReport
+from trainverify_dsl.report.render import InternalError, LintReport
 from trainverify_dsl.report.span import Span
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -52,6 +56,7 @@ def report_to_sarif(report: LintReport, *, rules: Sequence[Code] | None = None,
         "version": SARIF_VERSION,
         "runs": [{
             "tool": {"driver": _driver(codes)},
+            "invocations": [_invocation(report.internal_errors, locate)],
             "columnKind": "unicodeCodePoints",
             "artifacts": [{"location": locate.artifact(file)} for file in artifacts],
             "results": [_result(d, rule_index[d.code.id], locate) for d in report.diagnostics],
@@ -75,6 +80,8 @@ def _rule_codes(rules: Sequence[Code] | None, diagnostics: Iterable[Diagnostic])
 
 def _artifact_files(report: LintReport) -> list[str]:
     files = dict.fromkeys(report.files)
+    for failure in report.internal_errors:
+        files.setdefault(failure.file)
     for diagnostic in report.diagnostics:
         files.setdefault(diagnostic.span.file)
         for span, _ in diagnostic.related:
@@ -108,6 +115,20 @@ def _rule(code: Code) -> dict[str, Any]:
         "help": {"text": help_text, "markdown": help_markdown},
         "defaultConfiguration": {"level": _LEVELS[code.severity]},
     }
+
+
+def _invocation(failures: Sequence[InternalError], locate: _Locator) -> dict[str, Any]:
+    """One invocation; unsuccessful when the linter crashed on a file."""
+    return {
+        "executionSuccessful": not failures,
+        "toolExecutionNotifications": [_notification(failure, locate) for failure in failures],
+    }
+
+
+def _notification(failure: InternalError, locate: _Locator) -> dict[str, Any]:
+    text = f"internal error while linting {failure.file}: {failure.message}"
+    location = {"physicalLocation": {"artifactLocation": locate.indexed(failure.file)}}
+    return {"level": "error", "message": {"text": text}, "locations": [location]}
 
 
 def _result(diagnostic: Diagnostic, rule_index: int, locate: _Locator) -> dict[str, Any]:
@@ -144,11 +165,15 @@ class _Locator:
     def artifact(self, file: str) -> dict[str, Any]:
         return artifact_location(file, self.root)
 
+    def indexed(self, file: str) -> dict[str, Any]:
+        """The artifact location of ``file`` with its index into ``artifacts``."""
+        location = self.artifact(file)
+        if file in self.artifact_index:
+            location["index"] = self.artifact_index[file]
+        return location
+
     def physical(self, span: Span) -> dict[str, Any]:
-        location = self.artifact(span.file)
-        if span.file in self.artifact_index:
-            location["index"] = self.artifact_index[span.file]
-        return {"artifactLocation": location, "region": region(span)}
+        return {"artifactLocation": self.indexed(span.file), "region": region(span)}
 
 
 def artifact_location(file: str, root: PurePath | None) -> dict[str, Any]:

@@ -6,7 +6,10 @@ is the largest relative error over the loss, every gradient copy and every updat
 and the first tensor that differs, with the plan line responsible.
 
 The full-size binding and layout pass (``tvp lint --spec``) runs first: a plan with an error
-there prints its diagnostics (TVP4xx, or the spec's TVP3xx) and is not simulated.
+there prints its diagnostics (TVP4xx, or the spec's TVP3xx) and is not simulated. Mesh axes
+no statement uses run at size 1 (their ranks compute the same). Before anything is allocated,
+the memory the simulation needs is estimated; above ``--max-memory`` (default: half of the
+machine's memory) the plan is refused with TVP501 at its ``mesh`` line.
 The plan's model file is imported (it runs as Python code): it must lie inside the plan's
 folder, the project root or the stdlib unless ``--allow-model-outside-root`` is given (TVP310).
 
@@ -26,6 +29,8 @@ the same keys (values that need a simulation are ``null``, or empty, when none r
       "tolerance": 1e-09,          # null without a simulation
       "ranks": 4, "compared": 25,  # null without a simulation
       "sizes": {"d_model": 8},     # the shrunk sizes; null without a simulation
+      "idle_axes": {"tp": 8},      # axes no statement uses, run at size 1; null without one
+      "estimated_bytes": 123456,   # the memory estimate checked (TVP501); null without one
       "first_difference": null,    # or a mismatch (below)
       "mismatches": [],            # at most 20 mismatches
       "mismatch_count": 0,
@@ -99,7 +104,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random values' seed (default 0)")
     parser.add_argument("--no-shrink", action="store_true",
                         help="simulate at the plan's own sizes (only for small models)")
+    parser.add_argument("--max-memory", metavar="SIZE", type=_size, default=None,
+                        help="refuse (TVP501) a simulation estimated above SIZE (4G, 512M; "
+                             "default: half of this machine's memory)")
     add_model_root_option(parser)
+
+
+def _size(text: str) -> int:
+    from trainverify_dsl.simulate.budget import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _span(span: Any) -> dict[str, Any] | None:
@@ -130,7 +147,8 @@ def outcome_json(path: str, outcome: Outcome) -> dict[str, Any]:
         "agrees": outcome.verdict == AGREES,
         "error": outcome.error,
         "max_rel_error": None, "tolerance": None, "ranks": None, "compared": None,
-        "sizes": None, "first_difference": None, "mismatches": [], "mismatch_count": 0,
+        "sizes": None, "idle_axes": None, "estimated_bytes": None,
+        "first_difference": None, "mismatches": [], "mismatch_count": 0,
         "lineage_mismatches": [],
         "findings": [_diagnostic(d) for d in outcome.refusal],
     }
@@ -148,6 +166,8 @@ def _simulation_json(result: Any) -> dict[str, Any]:
         "ranks": result.ranks,
         "compared": result.compared,
         "sizes": result.sizes,
+        "idle_axes": result.idle_axes,
+        "estimated_bytes": result.estimated_bytes,
         "first_difference": _mismatch(result.first) if result.first else None,
         "mismatches": [_mismatch(m) for m in result.mismatches[:SHOWN]],
         "mismatch_count": len(result.mismatches),
@@ -172,6 +192,10 @@ def _text(path: str, result: Any) -> str:
     sizes = ", ".join(f"{k}={v}" for k, v in result.sizes.items())
     if sizes:
         lines.append(f"shrunk: {sizes}")
+    idle = ", ".join(f"{k}={v}" for k, v in result.idle_axes.items())
+    if idle:
+        lines.append(f"idle axes, run at size 1 (no statement uses them; their ranks compute "
+                     f"the same): {idle}")
     for d in result.findings:
         lines.append(f"{_where(d.span)}: {d.severity}: {d.message} [{d.code.id}]")
     verdict = "agrees with the spec" if result.agrees else "DIFFERS from the spec"
@@ -234,7 +258,8 @@ def _simulate(args: argparse.Namespace) -> Outcome:
     try:
         result = simulate_file(args.plan, seed=args.seed,
                                shrink=False if args.no_shrink else None,
-                               allow_model_outside_root=args.allow_model_outside_root)
+                               allow_model_outside_root=args.allow_model_outside_root,
+                               max_memory=args.max_memory)
     except SimulationSetupError as error:
         if not error.diagnostics:
             return Outcome(USAGE_ERROR, EXIT_USAGE, error=str(error))

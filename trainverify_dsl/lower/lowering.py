@@ -298,16 +298,20 @@ class _Lowering:
             self.param_nodes[spec] = node
         elif kind == "data":
             lay = self.binding.data_layout(spec, shape, self.sizes)
-            self._stamp(node, lay, self.binding.data_origin(spec))
+            self._stamp(node, lay, self.binding.data_origin(spec), at_use=False)
         else:
             lay = TLayout.replicated(shape, const=True)
         self.layouts[node] = lay
 
-    def _stamp(self, node: torch.fx.Node, lay: TLayout, origin: Any) -> None:
-        """An input's split axes come from its layout statement; the order ``-1`` is taken
-        as the order of each op that consumes it (a parameter is blamed where it is used)."""
+    def _stamp(self, node: torch.fx.Node, lay: TLayout, origin: Any, at_use: bool = True
+               ) -> None:
+        """An input's split axes come from its layout statement. A parameter enters the
+        computation where a layer uses it (order ``-1``: taken as the order of each op that
+        consumes it); a model input enters at the start (order 0), before any statement
+        downstream of it."""
         if origin is not None:
-            self.causes[node] = {a: (-1, origin) for a in lay.shard_axes()
+            order = -1 if at_use else 0
+            self.causes[node] = {a: (order, origin) for a in lay.shard_axes()
                                  if self.sizes.get(a, 1) > 1}
 
     def _merge_causes(self, node: torch.fx.Node) -> Any:

@@ -15,7 +15,14 @@ from trainverify_dsl.ir.parallel import ParallelProgram, parallel_problems
 from trainverify_dsl.lower.findings import LoweringError
 from trainverify_dsl.lower.lowering import Lowered, lower
 from trainverify_dsl.lower.program import parallel_program
-from trainverify_dsl.report.diagnostics import Severity
+from trainverify_dsl.report.diagnostics import Diagnostic, Severity
+from trainverify_dsl.simulate.budget import (
+    Estimate,
+    default_budget,
+    estimate,
+    human,
+    without_idle_axes,
+)
 from trainverify_dsl.simulate.run import (
     FLOOR,
     TOLERANCE,
@@ -28,6 +35,19 @@ from trainverify_dsl.simulate.run import (
 )
 from trainverify_dsl.simulate.setup import SimulationSetup, SimulationSetupError, prepare
 from trainverify_dsl.simulate.torch_step import check_reference
+
+
+def over_budget(plan: Any, need: Estimate, budget: int, shrunk: bool) -> Diagnostic:
+    """TVP501 at the ``mesh`` line, with the estimate and what to do."""
+    from trainverify_dsl.report.codes_run import OVER_BUDGET
+
+    advice = "raise the budget with --max-memory, or use fewer ranks" if shrunk else \
+        "simulate with shrunk widths (the default, without --no-shrink), raise the budget " \
+        "with --max-memory, or use fewer ranks"
+    return Diagnostic(
+        OVER_BUDGET, f"simulating this plan would need {need.describe()}, above the budget "
+        f"of {human(budget)}", plan.mesh.span,
+        ("the estimate is an upper bound computed before anything is allocated",), advice)
 
 
 class ShrinkingLostDivisibility(RuntimeError):
@@ -56,20 +76,24 @@ def simulate_lowered(lowered: Lowered, program: ParallelProgram, reference: Any,
 
 def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None,
                   allow_model_outside_root: bool = False,
-                  stop_on_errors: bool = True) -> SimulationResult:
+                  stop_on_errors: bool = True, max_memory: int | None = None
+                  ) -> SimulationResult:
     """Raises ``SimulationSetupError`` (with diagnostics when the plan has errors at full
-    size) or ``SpecError``. ``shrink``: ``None`` shrinks large models, ``True`` always,
-    ``False`` never (``prepare``). ``allow_model_outside_root``: see ``prepare``.
-    ``stop_on_errors=False`` simulates a plan with full-size errors too (tests measure what a
-    wrong plan computes); its ``findings`` then hold the errors."""
+    size, or its estimated memory exceeds ``max_memory`` bytes: TVP501) or ``SpecError``.
+    ``shrink``: ``None`` shrinks large models, ``True`` always, ``False`` never
+    (``prepare``). ``allow_model_outside_root``: see ``prepare``. ``stop_on_errors=False``
+    simulates a plan with full-size errors too (tests measure what a wrong plan computes); its
+    ``findings`` then hold the errors. ``max_memory``: the budget in bytes (default: half of
+    the machine's memory, ``simulate.budget``). Mesh axes no statement uses run at size 1."""
     from trainverify_dsl.lower.diagnose import layout_diagnostics
 
     findings = layout_diagnostics(path, allow_model_outside_root=allow_model_outside_root)
     errors = [d for d in findings if d.severity is Severity.ERROR]
     if errors and stop_on_errors:
         raise SimulationSetupError(findings)
-    setup: SimulationSetup = prepare(path, shrink=shrink,
+    setup: SimulationSetup = prepare(path, shrink=shrink, real=False,
                                      allow_model_outside_root=allow_model_outside_root)
+    setup.plan, idle = without_idle_axes(setup.plan)
     if setup.plan.clip_grad_norm is not None:
         raise SimulationSetupError([], f"{path}: `clip-grad-norm` is not simulated yet "
                                        "(neither side would clip, so agreement would say "
@@ -92,7 +116,13 @@ def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None
         raise ShrinkingLostDivisibility(f"the shrunk plan (sizes {setup.overrides}) has "
                                         f"findings the full-size plan has not: {message}")
     program = parallel_program(lowered)
-    result = simulate_lowered(lowered, program, spec, reference_opt, setup.real_model, seed)
+    budget = default_budget() if max_memory is None else max_memory
+    need = estimate(program, [g.type for g in spec.program.inputs], spec.program)
+    if need.bytes > budget:
+        raise SimulationSetupError([over_budget(setup.plan, need, budget, shrunk)])
+    result = simulate_lowered(lowered, program, spec, reference_opt, setup.build_real(), seed)
     result.sizes = dict(setup.overrides)
+    result.idle_axes = idle
+    result.estimated_bytes = need.bytes
     result.findings = findings
     return result

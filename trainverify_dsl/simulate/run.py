@@ -58,6 +58,10 @@ class SimulationResult:
     findings: list[Any] = field(default_factory=list)
     #: marked points whose values differ from their derived lineage, in program order
     lineage_mismatches: list[Mismatch] = field(default_factory=list)
+    #: mesh axes no statement uses, simulated at size 1: ``{axis: its size in the plan}``
+    idle_axes: dict[str, int] = field(default_factory=dict)
+    #: the memory estimate the budget was checked against (``simulate.budget``)
+    estimated_bytes: int = 0
 
     @property
     def agrees(self) -> bool:

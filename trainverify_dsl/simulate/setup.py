@@ -30,6 +30,18 @@ class SimulationSetup:
     fake_inputs: dict[str, torch.Tensor]
     #: config overrides and batch/seq used (empty when nothing was shrunk)
     overrides: dict[str, Any]
+    #: how to build the real model later (``build_real``): the located model reference and
+    #: the keyword arguments the fake model was built with
+    model_ref: Any = None
+    model_kwargs: dict[str, Any] | None = None
+
+    def build_real(self) -> torch.nn.Module:
+        """The real model (float32 weights allocated), built once, after the budget check."""
+        from trainverify_dsl.spec.load import load_model
+
+        if self.real_model is None:
+            self.real_model = load_model(self.model_ref, fake=False, **(self.model_kwargs or {}))
+        return self.real_model
 
 
 def resolve_plan(path: str | Path) -> Plan:
@@ -75,7 +87,7 @@ def prepare(path: str | Path, *, shrink: bool | None = None, real: bool = True,
         fake_inputs = {k: torch.zeros(tuple(s), dtype=d) for k, (s, d) in specs.items()}
     used = {**overrides, "batch": batch, "seq": seq} if overrides or \
         (batch, seq) != (plan.spec.batch, plan.spec.seq) else {}
-    return SimulationSetup(plan, fake, real_model, specs, fake_inputs, used)
+    return SimulationSetup(plan, fake, real_model, specs, fake_inputs, used, model_ref, kwargs)
 
 
 def locate_model(plan: Plan, path: Path, allow_outside_root: bool) -> Any:

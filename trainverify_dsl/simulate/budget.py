@@ -1,0 +1,179 @@
+"""Bounded work: what a simulation will hold in memory, estimated before anything is allocated,
+and mesh axes that cannot change the result (issue 13, item 2).
+
+Plans come from pull requests and search tools, and ``tvp simulate`` runs in CI: a plan with
+an idle ``tp=1048576`` axis, or ``--no-shrink`` on an 8B model, must be refused in seconds with
+the estimate, not grow until the machine kills it.
+
+- **Idle axes.** A mesh axis that no statement uses (no split, partial, collective, ZeRO shard
+  or algorithm names it, and it is not the pipeline axis of a plan with stages) leaves every
+  rank along it computing exactly what its coordinate-0 rank computes: the program never reads
+  that coordinate. The simulation runs such an axis at size 1 and says so. (The full-size
+  layout pass, which does not unroll the mesh, has already run on the real sizes.)
+- **The estimate** is an upper bound on the bytes the interpreter holds, from the lowered
+  program's types alone: for each stage, its ranks times the peak of its graph's live values
+  (inputs held for the whole call, every other value freed after its last use); the largest
+  stage (stages run one at a time); every rank's accumulated gradients and observed values
+  across microbatches; the global values (parameters, optimizer states, inputs) and the
+  reference step's values at the simulated sizes. Rank batching computes values every rank
+  holds identically once, so real use is at most this.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from trainverify_dsl.ir.graph import Graph
+from trainverify_dsl.ir.parallel import ParallelProgram
+from trainverify_dsl.ir.program import Program
+from trainverify_dsl.ir.types import TensorType
+
+#: The fraction of the machine's memory a simulation may plan to use by default.
+DEFAULT_FRACTION = 0.5
+#: The pipeline axis (docs/language.md: `pipeline-stage N` puts modules on pp rank N).
+PIPELINE_AXIS = "pp"
+
+
+def machine_memory() -> int:
+    """Physical memory in bytes (``/proc/meminfo`` or ``sysconf``; 8 GiB if neither)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def default_budget() -> int:
+    return int(machine_memory() * DEFAULT_FRACTION)
+
+
+def parse_bytes(text: str) -> int:
+    """``4G``, ``512M``, ``1.5GiB``, ``1000000`` -> bytes (binary units)."""
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    value = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = value[-1] if value and value[-1] in units else ""
+    number = float(value[:-1] if unit else value)
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"not a positive size: {text!r}")
+    return int(number * units[unit])
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.3g} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    raise AssertionError
+
+
+# -- idle axes -------------------------------------------------------------------------------
+
+
+def used_axes(plan: Any) -> set[str]:
+    """Every mesh axis some statement of ``plan`` names."""
+    used: set[str] = set()
+    for layout in plan.layouts:
+        used.update(a for _, axes in layout.dim_axes for a in axes)
+        used.update(layout.partial_axes)
+    for st in plan.collectives:
+        used.update(st.axes)
+    for opt in (plan.optimizer, plan.spec_optimizer):
+        if opt is not None:
+            used.update(opt.shard_axes)
+    for alg in plan.algorithms:
+        used.update(alg.axes)
+    if plan.stages:
+        used.add(PIPELINE_AXIS)
+    return used
+
+
+def idle_axes(plan: Any) -> dict[str, int]:
+    """Mesh axes of size > 1 that no statement uses: ``{axis: its size}``."""
+    used = used_axes(plan)
+    return {a.name: a.size for a in plan.mesh.axes if a.size > 1 and a.name not in used}
+
+
+def without_idle_axes(plan: Any) -> tuple[Any, dict[str, int]]:
+    """``plan`` with its idle axes at size 1, and what they were."""
+    idle = idle_axes(plan)
+    if not idle:
+        return plan, {}
+    axes = tuple(replace(a, size=1) if a.name in idle else a for a in plan.mesh.axes)
+    return replace(plan, mesh=replace(plan.mesh, axes=axes)), idle
+
+
+# -- the estimate ----------------------------------------------------------------------------
+
+
+def _bytes(t: TensorType) -> int:
+    """The interpreter computes in float64 and int64 (``ir/types.py``): 8 bytes an element."""
+    return 8 * max(t.numel, 1)
+
+
+def peak_live_bytes(graph: Graph) -> int:
+    """The most bytes one evaluation of ``graph`` holds at once: its inputs throughout, each
+    other value from its definition to its last use (outputs to the end)."""
+    n_in = len(graph.inputs)
+    last: dict[int, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last[v] = i
+    for _, v in graph.outputs:
+        last[v] = len(graph.nodes)
+    live = sum(_bytes(g.type) for g in graph.inputs)
+    peak = live
+    for i, node in enumerate(graph.nodes):
+        live += _bytes(node.type)
+        peak = max(peak, live)
+        for v in set(node.inputs):
+            if v >= n_in and last.get(v) == i:
+                live -= _bytes(graph.value_type(v))
+        if last.get(n_in + i) is None:  # never used: freed at once
+            live -= _bytes(node.type)
+    return peak
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    ranks: int
+    bytes: int
+    #: (what, bytes), largest first
+    parts: tuple[tuple[str, int], ...]
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{what} {human(n)}" for what, n in self.parts[:3])
+        return f"about {human(self.bytes)} for {self.ranks:,} ranks ({shown})"
+
+
+def reference_bytes(program: Program) -> int:
+    """The reference step's evaluation (``ir.program.evaluate_program``): every call result
+    is kept in its environment, and one call's graph is live at a time."""
+    table = dict(program.graphs)
+    kept = sum(_bytes(table[c.graph].value_type(v)) for c in program.calls
+               for (_, v) in table[c.graph].outputs)
+    return kept + max((peak_live_bytes(g) for g in table.values()), default=0)
+
+
+def estimate(program: ParallelProgram, global_values: Iterable[TensorType],
+             reference: Program) -> Estimate:
+    """The upper bound of the module docstring, in bytes."""
+    sizes = dict(program.mesh)
+    world = math.prod(sizes.values())
+    stage_ranks = world // sizes.get(program.pipeline_axis, 1) if program.pipeline_axis \
+        else world
+    stages = max((stage_ranks * peak_live_bytes(s.graph) for s in program.stages), default=0)
+    kept = 0
+    for s in program.stages:
+        for slot in s.outputs:
+            shape = slot.layout.local_shape({**sizes, "@mb": program.microbatches})
+            copies = program.microbatches if slot.kind == "lineage" else 1
+            kept += stage_ranks * copies * 8 * max(math.prod(shape), 1)
+    values = sum(_bytes(t) for t in global_values)
+    reference_step = reference_bytes(reference)
+    parts = sorted([("per-rank stage values", stages), ("kept per-rank outputs", kept),
+                    ("global values", values), ("reference step", reference_step)],
+                   key=lambda p: -p[1])
+    return Estimate(world, stages + kept + values + reference_step, tuple(parts))

@@ -174,7 +174,8 @@ EXAMPLES: tuple[SyntaxExample, ...] = (
 
 # ---------------------------------------------------------------- user words for terminals
 
-_STATEMENT_KEYWORDS = (
+#: The words a statement starts with (parse/parser.py uses them to tell a plan from other files).
+STATEMENT_KEYWORDS = (
     "plan", "spec", "mesh", "microbatches", "loss-scale", "use", "split", "replicate",
     "partial", "place", "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "copy",
     "scatter", "send", "pipeline-stage", "optimizer", "spec-optimizer", "clip-grad-norm",
@@ -211,10 +212,19 @@ def describe_expected(names: set[str]) -> str:
     return ", ".join(words[:-1]) + " or " + words[-1]
 
 
+#: Most characters of a token a message quotes; a longer one is cut and ends in "…".
+MAX_QUOTED = 40
+
+
 def describe_token(token: Token) -> str:
     if token.type in ("_NL", "_INDENT", "_DEDENT", "$END"):
         return describe_terminal(token.type)
-    return repr(str(token))
+    return quote(str(token))
+
+
+def quote(text: str) -> str:
+    """``text`` in quotes, cut to ``MAX_QUOTED`` characters so a huge token is never echoed."""
+    return repr(text if len(text) <= MAX_QUOTED else text[:MAX_QUOTED] + "…")
 
 
 # ---------------------------------------------------------------- matching
@@ -336,7 +346,7 @@ def _generic_token_diagnostic(token: Token, expected: set[str],
 def _unknown_statement(token: Token, builder: AstBuilder) -> Diagnostic:
     word = str(token)
     message = f"unknown statement {describe_token(token)}: expected a statement keyword"
-    close = difflib.get_close_matches(word.lower(), _STATEMENT_KEYWORDS, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(word.lower(), STATEMENT_KEYWORDS, n=1, cutoff=0.6)
     if close and word:
         message += f"; did you mean '{close[0]}'?"
     return _token_diagnostic(codes.UNKNOWN_STATEMENT, message, token, builder)

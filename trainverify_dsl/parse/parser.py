@@ -9,10 +9,17 @@ Never raises on any input text. Strategy:
    any lines indented deeper than it) are blanked - replaced by spaces, so every position
    stays exact - and the group is parsed again, until it parses or nothing is left. So one
    run reports every syntax error and ``plan_file`` keeps every statement that parsed.
+
+Between the two, a file that fails to parse and does not look like a plan (fewer than half
+of its lines start with a statement keyword or a near miss of one: ``looks_like_a_plan``)
+is not recovered: it gets one TVP110 diagnostic at 1:1 that quotes none of it, and an empty
+``plan_file``. It may be anything (a `.env` file reached through ``use`` or a symlink, a
+20 MB log line), and one diagnostic per line would copy it into the output.
 """
 
 from __future__ import annotations
 
+import difflib
 import errno
 import re
 import stat
@@ -24,7 +31,7 @@ from lark.exceptions import LarkError
 
 from trainverify_dsl.parse import ast
 from trainverify_dsl.parse.build import AstBuilder, BuildError
-from trainverify_dsl.parse.errors import SyntaxProblem, diagnose
+from trainverify_dsl.parse.errors import STATEMENT_KEYWORDS, SyntaxProblem, diagnose
 from trainverify_dsl.parse.grammar import get_parser_and_builder
 from trainverify_dsl.report import codes_syntax as codes
 from trainverify_dsl.report.diagnostics import Diagnostic, Severity
@@ -37,6 +44,11 @@ MAX_ATTEMPTS_PER_GROUP = 50
 _PARSE_LOCK = threading.RLock()
 _BLANK = re.compile(r"[^\r]")
 _BLOCK_HEADER = re.compile(r"[ \t\f]*(for|template)(?![\w-])")
+#: The first word of a (stripped) line when a statement could start with it: a word of at
+#: most 40 characters followed by a blank or the end of the line (so `plan=x` is no statement).
+_FIRST_WORD = re.compile(r"([A-Za-z][\w-]{0,39})(?:[ \t\f]|$)")
+#: How close a first word must be to a keyword to count as a misspelt one (`allreduce`).
+KEYWORD_NEAR_MISS = 0.8
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +78,9 @@ def parse_source(text: str, file: str = "<string>") -> ParseResult:
     diagnostics: list[Diagnostic] = []
     with _PARSE_LOCK:
         statements = _parse_whole(source, file)
+        if statements is None and not looks_like_a_plan(source):
+            empty = ast.PlanFile(file, (), (), _file_span(text, file))
+            return ParseResult(empty, (_not_a_plan_diagnostic(source, file),))
         if statements is None:
             statements = _parse_by_groups(source, file, diagnostics)
     plan_file = ast.PlanFile(file, statements, collect_comments(text, file),
@@ -216,6 +231,43 @@ def _syntax_problem(error: Exception, text: str, builder: AstBuilder) -> SyntaxP
         return SyntaxProblem(Diagnostic(codes.NESTING_TOO_DEEP,
                                         "this statement is nested too deeply", span), 1)
     return diagnose(error, text, builder)
+
+
+# ---------------------------------------------------------------- plan or not
+
+
+def looks_like_a_plan(text: str) -> bool:
+    """At least half of the content lines (not blank, not a comment) start a statement."""
+    content, starting = _count_statement_lines(text)
+    return 2 * starting >= content
+
+
+def _count_statement_lines(text: str) -> tuple[int, int]:
+    content = starting = 0
+    for line in text.split("\n"):
+        if _is_content(line):
+            content += 1
+            starting += _starts_a_statement(line.strip())
+    return content, starting
+
+
+def _starts_a_statement(line: str) -> bool:
+    match = _FIRST_WORD.match(line)
+    if match is None:
+        return False
+    word = match.group(1).lower()
+    return word in STATEMENT_KEYWORDS or bool(
+        difflib.get_close_matches(word, STATEMENT_KEYWORDS, n=1, cutoff=KEYWORD_NEAR_MISS))
+
+
+def _not_a_plan_diagnostic(text: str, file: str) -> Diagnostic:
+    """One diagnostic for the whole file; it states counts only, never the file's text."""
+    content, starting = _count_statement_lines(text)
+    message = (f"this file does not look like a plan: {starting} of {content} lines (not "
+               "blank, not comments) start with a statement keyword; its text is not shown")
+    return Diagnostic(codes.NOT_A_PLAN, message, Span(file, 1, 1, 1, 2, 0, 1),
+                      help="check that this is the plan file you meant; a plan's lines start "
+                           "with plan, spec, mesh, split, replicate, a collective, ...")
 
 
 # ---------------------------------------------------------------- lines and groups

@@ -89,6 +89,19 @@ UNREADABLE_FILE = _error(
     "tvp lint missing.tvp\n",
     "plan fixed\n")
 
+NOT_A_PLAN = Code(
+    "TVP110", "not-a-plan", Severity.ERROR, "a file that does not look like a plan at all",
+    "The file does not parse, and fewer than half of its lines start with a statement keyword "
+    "(or a near miss of one, such as `allreduce`): it is some other file, such as `.env` "
+    "secrets, a log or a data file, named on the command line, reached through a symlink or "
+    "included with `use`. It gets this one diagnostic at 1:1 instead of one per line, and no "
+    "renderer shows its text.",
+    "A file that is not a plan cannot be checked; quoting it line by line would copy whatever "
+    "it holds (passwords, tokens, megabytes of data) into terminals and CI logs.",
+    "TOKEN=not-a-plan\nLOG_LEVEL=debug\n",
+    "plan fixed\n",
+    quotes_source=False)
+
 BAD_PLACEMENT = _error(
     "TVP111", "bad-placement", "a `place` entry that is not S(dim), R or P(op)",
     "Placements are DTensor's: `S(d)`/`Shard(d)`, `R`/`Replicate()`, `P(op)`/`Partial(op)`.",
@@ -217,7 +230,7 @@ EXPECTED_NAME = _error(
 CODES: tuple[Code, ...] = (
     UNEXPECTED_CHARACTER, UNEXPECTED_TOKEN, UNEXPECTED_END_OF_LINE, BAD_INDENTATION,
     EXPECTED_INDENTED_BLOCK, UNTERMINATED_STRING, UNKNOWN_STATEMENT, NESTING_TOO_DEEP,
-    UNREADABLE_FILE, BAD_PLACEMENT, DUPLICATE_BACKWARD, NUMBER_OUT_OF_RANGE,
+    UNREADABLE_FILE, NOT_A_PLAN, BAD_PLACEMENT, DUPLICATE_BACKWARD, NUMBER_OUT_OF_RANGE,
     POSITIONAL_AFTER_KEYWORD,
     EXPECTED_OVER, BAD_SPLIT_ENTRY, EXPECTED_SPLIT_DIMS, BAD_MESH_AXIS, EXPECTED_COLON,
     BAD_OPTION, EXPECTED_EXPRESSION, UNCLOSED_BRACKET, UNCLOSED_PAREN, EXPECTED_STRING,

@@ -26,7 +26,8 @@ class Code:
 
     ``summary`` is one line for tables; ``what``/``why``/``example``/``fix`` feed
     ``tvp explain``. ``example`` and ``fix`` are ``.tvp`` snippets: ``example`` must produce
-    this code and ``fix`` must not (the test-suite checks both).
+    this code and ``fix`` must not (the test-suite checks both). ``quotes_source`` is false
+    for codes about a whole file that may not be a plan at all: renderers never show its text.
     """
 
     id: str
@@ -37,6 +38,7 @@ class Code:
     why: str
     example: str
     fix: str
+    quotes_source: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,13 @@ The header names the code by id only (``[TVP203]``); ``tvp explain TVP203`` give
 and explanation. Columns are 1-based characters. The excerpt expands tabs to ``TAB_WIDTH``
 columns and counts East Asian wide characters as two, so the marker stays under the span; a
 span running past the end of its line is clipped to one column after the last character; a
-multi-line span is marked to the end of its first line and says where it ends. Without the
-source (missing file, line out of range, blank line) the excerpt is left out. Related
-locations follow as ``note:`` blocks. A clean run prints ``no issues found in N files``.
+multi-line span is marked to the end of its first line and says where it ends. A line longer
+than ``MAX_EXCERPT`` characters is cut to a window of that many around the span's start, with
+`` …`` where text was left out, so a huge line is never echoed whole. Without the source
+(missing file, line out of range, blank line), or for a code that is about the whole file and
+must not quote it (``Code.quotes_source`` false, e.g. TVP110 not-a-plan), the excerpt is left
+out. Related locations follow as ``note:`` blocks. A clean run prints ``no issues found in N
+files``.
 """
 
 from __future__ import annotations
@@ -37,6 +41,11 @@ from trainverify_dsl.report.span import Span
 
 TAB_WIDTH = 4
 INDENT = "    "
+#: Most characters of a source line an excerpt shows, and how many of them come before the
+#: span's start when the line has to be cut.
+MAX_EXCERPT = 200
+EXCERPT_LEAD = 60
+CUT = "…"
 
 # ANSI SGR sequences; used only when the caller asks for colour.
 _RESET = "\x1b[0m"
@@ -84,7 +93,8 @@ def diagnostic_lines(diagnostic: Diagnostic, sources: SourceLookup,
     severity = diagnostic.severity
     code = paint(f"[{diagnostic.code.id}]", "code")
     lines = [_header(diagnostic.span, severity.value, f"{diagnostic.message} {code}", paint)]
-    lines.extend(excerpt(diagnostic.span, sources, paint, severity.value))
+    if diagnostic.code.quotes_source:
+        lines.extend(excerpt(diagnostic.span, sources, paint, severity.value))
     for note in diagnostic.notes:
         lines.extend(_labelled("note", note, paint))
     if diagnostic.help:
@@ -112,6 +122,7 @@ def excerpt(span: Span, sources: SourceLookup, paint: _Painter, style: str) -> l
     if source_line is None or not source_line.strip():
         return []
     start, end = _marked_range(span, source_line)
+    source_line, start, end = _window(source_line, start, end)
     shown = _display(source_line)
     offset = _width(source_line[:start])
     width = max(1, _width(source_line[:end]) - offset)  # tabs depend on the absolute column
@@ -136,6 +147,20 @@ def _marked_range(span: Span, source_line: str) -> tuple[int, int]:
     start = min(max(span.col, 1) - 1, length)
     end = length if span.end_line > span.line else min(span.end_col - 1, length)
     return start, max(end, start + 1)
+
+
+def _window(line: str, start: int, end: int) -> tuple[str, int, int]:
+    """At most ``MAX_EXCERPT`` characters of ``line`` around ``start``, marked with ``CUT``
+    where text was left out, and [start, end) moved into the window (end clipped to it)."""
+    if len(line) <= MAX_EXCERPT:
+        return line, start, end
+    first = 0 if start < MAX_EXCERPT - EXCERPT_LEAD else start - EXCERPT_LEAD
+    last = min(first + MAX_EXCERPT, len(line))
+    prefix = CUT + " " if first else ""
+    suffix = " " + CUT if last < len(line) else ""
+    shift = len(prefix) - first
+    window_end = min(end, last) + shift
+    return prefix + line[first:last] + suffix, start + shift, max(window_end, start + shift + 1)
 
 
 def _display(text: str) -> str:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, Factor, TLayout
 from trainverify_dsl.lower.capture import MARK, module_stack
-from trainverify_dsl.lower.findings import Finding, LoweringError
+from trainverify_dsl.lower.findings import Finding, LoweringError, latest
 from trainverify_dsl.spec.convert import packet_name
 
 if TYPE_CHECKING:
@@ -344,9 +344,8 @@ def loss_replacement(lw: _Lowering, loss: torch.fx.Node) -> tuple[torch.fx.Node,
     if logits_lay.dim_axes(logits_lay.rank - 1) != site.axes:
         # blamed on the latest statement behind the logits' layout (a collective at the
         # logits that gathered them), the algorithm's line when there is none
-        causes = lw.causes.get(logits_mark, {})
-        latest = max(causes.values(), key=lambda e: e[0])[1] if causes else None
-        blamed = latest if latest is not None and latest is not site.origin else None
+        last = latest(lw.causes.get(logits_mark, {}).values())
+        blamed = last if last is not None and last is not site.origin else None
         lw.findings.append(Finding(
             "algorithm-not-applicable", "vocab-parallel-cross-entropy expects the logits split "
             f"over {', '.join(site.axes)} along the vocabulary; they are {logits_lay.describe()}",

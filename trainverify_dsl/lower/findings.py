@@ -12,7 +12,9 @@ bind, operands split incompatibly, a stage order against the data flow).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from trainverify_dsl.report.span import Span
 
@@ -63,3 +65,10 @@ def merge_repeats(findings: list[Finding]) -> list[Finding]:
                             first.notes + (note,))
         merged.append(first)
     return merged
+
+
+def latest(entries: Iterable[tuple[tuple[int, int], Any]]) -> Any:
+    """The plan origin of the most recent ``((order, kind), origin)`` cause entry (the
+    lowering's per-axis causes), or None."""
+    found = list(entries)
+    return max(found, key=lambda e: e[0])[1] if found else None

@@ -42,7 +42,7 @@ from trainverify_dsl.ir.layout import (
 from trainverify_dsl.lower import algorithms, collectives  # noqa: F401 - registers tvp.collective
 from trainverify_dsl.lower.bind import Binding, bind_plan, resolve_indices
 from trainverify_dsl.lower.capture import MARK, Captured, capture_forward, module_stack
-from trainverify_dsl.lower.findings import Finding, LoweringError, merge_repeats
+from trainverify_dsl.lower.findings import Finding, LoweringError, latest, merge_repeats
 from trainverify_dsl.lower.gradients import GradientTracker
 from trainverify_dsl.lower.rules import RULES, Result
 from trainverify_dsl.plan.model import Collective, Plan
@@ -112,12 +112,17 @@ class _Lowering:
         self.sizes = sizes
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.layouts: dict[torch.fx.Node, Any] = {}
-        #: node -> {mesh axis: (order, plan origin)}: for each axis in the value's lineage,
-        #: the statement that last brought it in (a parameter's or input's layout, a
-        #: collective at a mark) and when (the op that consumed it). A finding blames the
-        #: most recent statement behind the axes it is about, not the first data split.
-        self.causes: dict[torch.fx.Node, dict[str, tuple[int, Any]]] = {}
+        #: node -> {mesh axis: ((order, kind), plan origin)}: for each axis in the value's
+        #: lineage, the statement that last brought it in (a parameter's or input's layout,
+        #: kind 0; a collective at a mark, kind 1) and when. A finding blames the most recent
+        #: statement behind the axes it is about (a collective before a layout statement that
+        #: enters at the same point), not the first data split.
+        self.causes: dict[torch.fx.Node, dict[str, tuple[tuple[int, int], Any]]] = {}
         self.order = 0
+        #: module path -> the order at which its `.in` mark was visited (where its
+        #: parameters enter the computation); parameter placeholder -> its module path
+        self.entered: dict[str, int] = {}
+        self.param_module: dict[torch.fx.Node, str] = {}
         self.n_stages = max(1, len(binding.stage_members))
         self.graphs = [torch.fx.Graph() for _ in range(self.n_stages)]
         self.values: list[dict[torch.fx.Node, torch.fx.Node]] = [{} for _ in self.graphs]
@@ -153,7 +158,7 @@ class _Lowering:
         recent statement that brought one of them in (else ``current_cause``)."""
         found = [entry for a in axes for entry in
                  [self.causes.get(self.current, {}).get(a)] if entry is not None]
-        return max(found, key=lambda e: e[0])[1] if found else self.current_cause
+        return latest(found) or self.current_cause
 
     def finding(self, code: str, message: str, layout: TLayout | None = None) -> None:
         span = layout.cause if layout is not None and layout.cause is not None else \
@@ -294,6 +299,7 @@ class _Lowering:
         if kind == "param":
             lay = self.binding.param_layout(spec, shape, self.sizes)
             self._stamp(node, lay, self.binding.param_origin(spec))
+            self.param_module[node] = spec.rpartition(".")[0]
             self.grads.parameter(node, spec, lay)
             self.param_nodes[spec] = node
         elif kind == "data":
@@ -306,25 +312,35 @@ class _Lowering:
     def _stamp(self, node: torch.fx.Node, lay: TLayout, origin: Any, at_use: bool = True
                ) -> None:
         """An input's split axes come from its layout statement. A parameter enters the
-        computation where a layer uses it (order ``-1``: taken as the order of each op that
-        consumes it); a model input enters at the start (order 0), before any statement
-        downstream of it."""
+        computation where its module does (its ``.in`` mark, if the plan names the module;
+        else the op that uses it: order ``-1`` until then); a model input enters at the
+        start (order 0), before any statement downstream of it."""
         if origin is not None:
             order = -1 if at_use else 0
-            self.causes[node] = {a: (order, origin) for a in lay.shard_axes()
+            self.causes[node] = {a: ((order, 0), origin) for a in lay.shard_axes()
                                  if self.sizes.get(a, 1) > 1}
+
+    def _entry_of(self, module: str) -> int:
+        """Where a parameter of ``module`` enters: the `.in` mark of its innermost named
+        enclosing module, else the op using it now."""
+        while module:
+            if module in self.entered:
+                return self.entered[module]
+            module = module.rpartition(".")[0]
+        return self.order
 
     def _merge_causes(self, node: torch.fx.Node) -> Any:
         """The node's causes from its operands'; returns the most recent origin overall."""
         self.order += 1
-        merged: dict[str, tuple[int, Any]] = {}
+        merged: dict[str, tuple[tuple[int, int], Any]] = {}
         for operand in node.all_input_nodes:
-            for axis, (order, origin) in self.causes.get(operand, {}).items():
-                order = self.order if order < 0 else order
-                if axis not in merged or order > merged[axis][0]:
-                    merged[axis] = (order, origin)
+            for axis, ((order, kind), origin) in self.causes.get(operand, {}).items():
+                if order < 0:
+                    order = self._entry_of(self.param_module.get(operand, ""))
+                if axis not in merged or (order, kind) > merged[axis][0]:
+                    merged[axis] = ((order, kind), origin)
         self.causes[node] = merged
-        return max(merged.values(), key=lambda e: e[0])[1] if merged else None
+        return latest(merged.values())
 
     def _assign_stages(self, graph: torch.fx.Graph) -> None:
         const: dict[torch.fx.Node, bool] = {}
@@ -434,6 +450,9 @@ class _Lowering:
 
     def _mark(self, node: torch.fx.Node) -> tuple[torch.fx.Node, TLayout]:
         source, point = node.args
+        module, _, side = point.rpartition(".")
+        if side.startswith("in"):
+            self.entered.setdefault(module, self.order)
         replaced = algorithms.module_output(self, point)
         if replaced is not None:
             value, lay = replaced
@@ -449,7 +468,7 @@ class _Lowering:
             value, lay = self._collective(value, lay, statement, point)
             causes = self.causes.setdefault(node, {})
             for axis in statement.axes:  # it changes the value's layout over these axes
-                causes[axis] = (self.order, statement.origin)
+                causes[axis] = ((self.order, 1), statement.origin)
         self.lineages[point] = lay
         if value.op != "placeholder" and isinstance(value.meta.get("val"), torch.Tensor) and \
                 value.meta["val"].is_floating_point():

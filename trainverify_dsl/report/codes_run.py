@@ -13,7 +13,7 @@ OVER_BUDGET = Code(
     "gradients and observed values, the global values and the reference step) and refuses a "
     "plan whose estimate exceeds the budget (`--max-memory`, by default half of the machine's "
     "memory). Mesh axes no statement uses are run at size 1 first: they cannot change the "
-    "result. The estimate is an upper bound.",
+    "result.",
     "Plans arrive from pull requests and search tools, and `tvp simulate` runs in CI: a "
     "mesh of millions of ranks, or `--no-shrink` on an 8B model, would otherwise grow until "
     "the machine kills it instead of failing with a reason.",

@@ -47,7 +47,7 @@ def over_budget(plan: Any, need: Estimate, budget: int, shrunk: bool) -> Diagnos
     return Diagnostic(
         OVER_BUDGET, f"simulating this plan would need {need.describe()}, above the budget "
         f"of {human(budget)}", plan.mesh.span,
-        ("the estimate is an upper bound computed before anything is allocated",), advice)
+        ("estimated from the lowered program's types before anything is allocated",), advice)
 
 
 class ShrinkingLostDivisibility(RuntimeError):

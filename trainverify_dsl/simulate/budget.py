@@ -10,13 +10,16 @@ the estimate, not grow until the machine kills it.
   rank along it computing exactly what its coordinate-0 rank computes: the program never reads
   that coordinate. The simulation runs such an axis at size 1 and says so. (The full-size
   layout pass, which does not unroll the mesh, has already run on the real sizes.)
-- **The estimate** is an upper bound on the bytes the interpreter holds, from the lowered
-  program's types alone: for each stage, its ranks times the peak of its graph's live values
+- **The estimate** of the bytes the interpreter holds, from the lowered program's types
+  alone: for each stage, its ranks times the peak of its graph's live values
   (inputs held for the whole call, every other value freed after its last use); the largest
   stage (stages run one at a time); every rank's accumulated gradients and observed values
   across microbatches; the global values (parameters, optimizer states, inputs) and the
   reference step's values at the simulated sizes. Rank batching computes values every rank
-  holds identically once, so real use is at most this.
+  holds identically once, which the estimate does not count on. Measured on
+  ``llama3_8b_3d`` (128 ranks, shrunk): estimate 2.85 GB, peak RSS 3.16 GB of which about
+  0.4 GB is Python, torch and numpy before any value exists
+  (``bench/results/simulate.md``). It is an estimate, not a bound.
 """
 
 from __future__ import annotations
@@ -159,7 +162,7 @@ def reference_bytes(program: Program) -> int:
 
 def estimate(program: ParallelProgram, global_values: Iterable[TensorType],
              reference: Program) -> Estimate:
-    """The upper bound of the module docstring, in bytes."""
+    """The estimate of the module docstring, in bytes."""
     sizes = dict(program.mesh)
     world = math.prod(sizes.values())
     stage_ranks = world // sizes.get(program.pipeline_axis, 1) if program.pipeline_axis \

@@ -184,3 +184,16 @@ def test_simulate_plan_without_a_spec_is_a_usage_error(capsys, tmp_path: Path) -
     assert set(document) == SIMULATE_KEYS
     assert (status, document["verdict"], document["agrees"]) == (2, "usage-error", False)
     assert "spec" in document["error"] and err.startswith("tvp simulate: ")
+
+
+def test_lint_spec_is_quiet_on_stderr_for_a_clean_plan() -> None:
+    """No torch deprecation warnings on every run (issue 13, item 8): a fresh process, where
+    torch is imported (and warns) for the first time."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "trainverify_dsl.cli.main", "lint", "--spec",
+                          str(ROOT / "plans" / "mlp_tiny_dp.tvp")],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0 and "no issues found" in run.stdout
+    assert run.stderr == "", run.stderr

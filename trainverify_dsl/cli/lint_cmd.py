@@ -166,10 +166,14 @@ def with_layout_pass(linter: Linter, *, allow_model_outside_root: bool = False) 
         found = list(linter(file))
         if any(d.severity is Severity.ERROR for d in found):
             return found
+        import warnings
+
         from trainverify_dsl.lower.diagnose import layout_diagnostics
 
-        return found + layout_diagnostics(
-            file, allow_model_outside_root=allow_model_outside_root)
+        with warnings.catch_warnings():  # torch's own deprecations are not the user's problem
+            warnings.simplefilter("ignore", FutureWarning)
+            return found + layout_diagnostics(
+                file, allow_model_outside_root=allow_model_outside_root)
 
     return lint
 

@@ -36,7 +36,8 @@ the same keys (values that need a simulation are ``null``, or empty, when none r
       "mismatch_count": 0,
       "lineage_mismatches": [],
       "findings": [{"code": "TVP411", "name": ..., "severity": "error", "message": ...,
-                    "span": {"file": ..., "line": ..., "col": ...} | null, "help": ... | null}]
+                    "span": {"file": ..., "line": ..., "col": ...} | null, "help": ... | null,
+                    "notes": [...]}]
     }
 
 A mismatch is ``{"tensor", "rank", "rel_error", "span", "detail"}``. Verdicts:
@@ -178,7 +179,8 @@ def _simulation_json(result: Any) -> dict[str, Any]:
 
 def _diagnostic(d: Any) -> dict[str, Any]:
     return {"code": d.code.id, "name": d.code.name, "severity": str(d.severity),
-            "message": d.message, "span": _span(d.span), "help": d.help}
+            "message": d.message, "span": _span(d.span), "help": d.help,
+            "notes": list(d.notes)}
 
 
 def _where(span: Any) -> str:

@@ -2,8 +2,8 @@
 the template chain as notes, once per statement at fault.
 
 The end-to-end property (every bug plan's error stands at its header's faulty line) is in
-``tests/test_simulate_plans.py::test_bug_plan_disagrees``; these are the mechanisms, without
-torch.
+``tests/test_simulate_plans.py::test_bug_plan_disagrees``; these are the mechanisms (without
+torch), and one end-to-end case.
 """
 
 from __future__ import annotations
@@ -50,3 +50,22 @@ def test_unlocated_findings_merge_only_when_identical() -> None:
     found = [Finding("unbound-name", "a", None, ""), Finding("unbound-name", "b", None, ""),
              Finding("unbound-name", "a", None, "")]
     assert [f.message for f in merge_repeats(found)] == ["a", "b"]
+
+
+# -- end to end (torch) ------------------------------------------------------------------------
+
+
+def test_vocab_parallel_ce_on_unsplit_logits_is_blamed_on_the_algorithm(tmp_path) -> None:
+    """Nothing gathered the logits: the algorithm's own line is at fault (not the last
+    collective somewhere upstream)."""
+    from pathlib import Path
+
+    from trainverify_dsl.lower.diagnose import layout_diagnostics
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "plans" / "llama_tiny_tp.tvp").read_text()
+    text += "algorithm vocab-parallel-cross-entropy for output, loss over tp\n"
+    path = tmp_path / "p.tvp"
+    path.write_text(text, encoding="utf-8")
+    found = [(d.code.id, d.span.line) for d in layout_diagnostics(path)]
+    assert found == [("TVP408", len(text.splitlines()))], found

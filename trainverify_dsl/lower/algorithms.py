@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, Factor, TLayout
 from trainverify_dsl.lower.capture import MARK, module_stack
-from trainverify_dsl.lower.findings import Finding, LoweringError, latest
+from trainverify_dsl.lower.findings import Finding, LoweringError
 from trainverify_dsl.spec.convert import packet_name
 
 if TYPE_CHECKING:
@@ -342,10 +342,10 @@ def loss_replacement(lw: _Lowering, loss: torch.fx.Node) -> tuple[torch.fx.Node,
         raise _not_applicable(site, "the loss reads no label input")
     logits_lay = lw.layouts[logits_mark]
     if logits_lay.dim_axes(logits_lay.rank - 1) != site.axes:
-        # blamed on the latest statement behind the logits' layout (a collective at the
-        # logits that gathered them), the algorithm's line when there is none
-        last = latest(lw.causes.get(logits_mark, {}).values())
-        blamed = last if last is not None and last is not site.origin else None
+        # blamed on a collective at the logits that changed their layout (an all-gather of
+        # vocab-split logits), the algorithm's line when there is none
+        at_logits = lw.binding.collectives_at(f"{site.module}.out")
+        blamed = at_logits[-1].origin if at_logits else None
         lw.findings.append(Finding(
             "algorithm-not-applicable", "vocab-parallel-cross-entropy expects the logits split "
             f"over {', '.join(site.axes)} along the vocabulary; they are {logits_lay.describe()}",

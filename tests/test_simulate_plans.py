@@ -15,7 +15,7 @@ from trainverify_dsl.simulate import TOLERANCE, simulate_file
 from trainverify_dsl.simulate.setup import SimulationSetupError
 
 ROOT = Path(__file__).resolve().parents[1]
-CORRECT = ["mlp_tiny_dp", "llama_tiny_tp", "llama_tiny_sp", "deepseek_tiny_ep",
+CORRECT = ["mlp_tiny_dp", "mlp_tiny_zero", "llama_tiny_tp", "llama_tiny_sp", "deepseek_tiny_ep",
            "deepseek_tiny_pp", "deepseek_tiny_tp", "llama_tiny_cp", "mlp_dp_tp", "gpt2_3d",
            # the quick-start plan at full mesh (128 ranks, 4 stages, 16 microbatches, TP+SP,
            # vocab-parallel embedding and cross-entropy, ZeRO-1 AdamW), shrunk widths

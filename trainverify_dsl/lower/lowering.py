@@ -466,6 +466,8 @@ class _Lowering:
                 self.grads.op(node, MARK, [(source, lay, True)], lay, None)
         for statement in self.binding.collectives_at(point):
             value, lay = self._collective(value, lay, statement, point)
+            if statement.kind in ("copy", "identity"):
+                continue  # the value's layout is unchanged: nothing to blame it for
             causes = self.causes.setdefault(node, {})
             for axis in statement.axes:  # it changes the value's layout over these axes
                 causes[axis] = ((self.order, 1), statement.origin)

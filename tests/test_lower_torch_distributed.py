@@ -30,6 +30,10 @@ import torch
 from trainverify_dsl.ir.mesh import MeshGroups
 from trainverify_dsl.lower.collectives import parse_axes
 
+#: about 80 s of gloo processes: the distributed oracle covers real torch.distributed in the
+#: fast loop (tests/test_oracle_distributed.py)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 PLANS = ["plans/mlp_tiny_dp.tvp", "plans/llama_tiny_tp.tvp", "plans/llama_tiny_sp.tvp",
          "plans/deepseek_tiny_ep.tvp"]

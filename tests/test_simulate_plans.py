@@ -16,10 +16,11 @@ from trainverify_dsl.simulate.setup import SimulationSetupError
 
 ROOT = Path(__file__).resolve().parents[1]
 CORRECT = ["mlp_tiny_dp", "mlp_tiny_zero", "llama_tiny_tp", "llama_tiny_sp", "deepseek_tiny_ep",
-           "deepseek_tiny_pp", "deepseek_tiny_tp", "llama_tiny_cp", "mlp_dp_tp", "gpt2_3d",
+           "deepseek_tiny_pp", "deepseek_tiny_tp", "llama_tiny_cp", "mlp_dp_tp",
+           pytest.param("gpt2_3d", marks=pytest.mark.slow),
            # the quick-start plan at full mesh (128 ranks, 4 stages, 16 microbatches, TP+SP,
            # vocab-parallel embedding and cross-entropy, ZeRO-1 AdamW), shrunk widths
-           "llama3_8b_3d"]
+           pytest.param("llama3_8b_3d", marks=pytest.mark.slow)]
 BUGS = sorted(p.stem for p in (ROOT / "plans" / "bugs").glob("*.tvp"))
 #: bug plans only the simulation finds (the full-size layout pass finds the others)
 LAYOUT_BLIND = ("expert_grads_wrong_group", "send_wrong_stage")

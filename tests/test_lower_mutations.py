@@ -65,8 +65,16 @@ def mutations(plan: Plan) -> Iterator[tuple[str, Plan]]:
 class Subject:
     def __init__(self, name: str) -> None:
         self.setup = prepare(ROOT / "plans" / f"{name}.tvp")
-        self.spec = trace_training_step(self.setup.fake_model, self.setup.input_specs,
-                                        sim.spec_optimizer(self.setup.plan), reuse=False)
+        self.specs: dict[tuple[str, ...], Any] = {}
+
+    def spec(self, points: list[str]) -> Any:
+        """The reference step with ``points`` marked (traced once per set of points)."""
+        key = tuple(points)
+        if key not in self.specs:
+            self.specs[key] = trace_training_step(
+                self.setup.fake_model, self.setup.input_specs,
+                sim.spec_optimizer(self.setup.plan), reuse=False, points=points)
+        return self.specs[key]
 
     def outcome(self, plan: Plan) -> tuple[bool, set[str]]:
         """(simulation agrees, static finding codes); a lowering error is static and never
@@ -78,7 +86,8 @@ class Subject:
         from trainverify_dsl.lower.program import parallel_program
         from trainverify_dsl.simulate.api import simulate_lowered
 
-        result = simulate_lowered(lowered, parallel_program(lowered), self.spec,
+        program = parallel_program(lowered)
+        result = simulate_lowered(lowered, program, self.spec(sim.reference_points(program)),
                                   sim.spec_optimizer(self.setup.plan), self.setup.real_model)
         return result.agrees, {f.code for f in lowered.findings}
 

@@ -154,6 +154,11 @@ class GraphBuilder:
     def add_output(self, name: str, value: int) -> None:
         self._outputs.append((name, value))
 
+    def set_output(self, name: str, value: int) -> None:
+        """``add_output``, replacing an earlier output of that name."""
+        self._outputs = [(n, v) for n, v in self._outputs if n != name]
+        self._outputs.append((name, value))
+
     def build(self) -> Graph:
         return Graph(tuple(self._inputs), tuple(self._nodes), tuple(self._outputs))
 

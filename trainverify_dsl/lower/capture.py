@@ -5,8 +5,8 @@ the plan talks about (``X.in``, ``X.out``) are kept visible as ``tvp::mark`` nod
 pre-hook passes a module's first tensor argument through ``mark(x, "X.in")`` (so only the edge
 into ``X`` goes through it, docs/semantics.md Rule 3.1; further floating-point arguments get
 ``X.in#k``, which only parallel algorithms read) and a forward hook passes its output
-through ``mark(y, "X.out")``. Marks are identities; the rewrite replaces each by the plan's
-collectives at that point.
+through ``mark(y, "X.out")`` (``spec/marks.py``, shared with the spec tracer). Marks are
+identities; the rewrite replaces each by the plan's collectives at that point.
 
 The capture runs on fake tensors (``torch.export`` non-strict, then Core-ATen decompositions),
 so a full-size model costs no memory.
@@ -23,25 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-MARK = "tvp.mark"
-
-
-@torch.library.custom_op("tvp::mark", mutates_args=())
-def mark(x: torch.Tensor, point: str) -> torch.Tensor:
-    """Identity that names a module boundary (``layers.0.attention.wo.out``)."""
-    return x.clone()
-
-
-@mark.register_fake
-def _mark_fake(x: torch.Tensor, point: str) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-def _mark_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-    return grad, None
-
-
-mark.register_autograd(_mark_backward)
+from trainverify_dsl.spec.marks import MARK, install_marks  # noqa: F401 (MARK re-exported)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,29 +39,6 @@ class Captured:
     points: frozenset[str]
 
 
-def _hooks(model: nn.Module, modules: Iterable[str]) -> list[Any]:
-    handles = []
-    for path in modules:
-        module = model.get_submodule(path) if path else model
-
-        def pre(_mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                _p: str = path) -> Any:
-            marked = tuple(
-                mark(a, f"{_p}.in" if k == 0 else f"{_p}.in#{k}")
-                if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                for k, a in enumerate(args))
-            return marked, kwargs
-
-        def post(_mod: nn.Module, _args: Any, output: Any, _p: str = path) -> Any:
-            if isinstance(output, torch.Tensor) and output.is_floating_point():
-                return mark(output, f"{_p}.out")
-            return None
-
-        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(module.register_forward_hook(post))
-    return handles
-
-
 def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
                     marked: Iterable[str]) -> Captured:
     """The Core-ATen forward graph of ``model(**inputs)`` with ``marked`` modules' inputs and
@@ -87,7 +46,7 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
     from torch._decomp import core_aten_decompositions, get_decompositions
 
     marked = sorted(set(marked))
-    handles = _hooks(model, marked)
+    handles = install_marks(model, marked)
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             exported = torch.export.export(model, tuple(inputs.values()), strict=False)

@@ -30,8 +30,8 @@ from trainverify_dsl.simulate.run import (
     compare_programs,
     plan_states,
     random_inputs,
+    reference_points,
     spec_optimizer,
-    spec_values_at,
 )
 from trainverify_dsl.simulate.setup import SimulationSetup, SimulationSetupError, prepare
 from trainverify_dsl.simulate.torch_step import check_reference
@@ -64,14 +64,11 @@ def simulate_lowered(lowered: Lowered, program: ParallelProgram, reference: Any,
     rng = np.random.default_rng(seed)
     values = random_inputs(reference.program.inputs, model, rng)
     plan_states(program, values, rng)
-    points = [lin.point for lin in program.lineages if lin.point != "loss"]
-    want_points = spec_values_at(model, values, list(lowered.binding.data), points) \
-        if points else {}
     want = reference.evaluate(values)
     # the reference IR against eager torch first: a verdict on a wrong reference is no verdict
     check_reference(want, model, values, list(lowered.binding.data), reference_opt,
                     TOLERANCE, FLOOR)
-    return compare_programs(program, want, values, reference_opt, want_points)
+    return compare_programs(program, want, values, reference_opt)
 
 
 def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None,
@@ -101,7 +98,6 @@ def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None
     from trainverify_dsl.spec.trace import trace_training_step
 
     reference_opt = spec_optimizer(setup.plan)
-    spec = trace_training_step(setup.fake_model, setup.input_specs, reference_opt, reuse=False)
     shrunk = bool(setup.overrides)
     try:
         lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
@@ -116,6 +112,8 @@ def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None
         raise ShrinkingLostDivisibility(f"the shrunk plan (sizes {setup.overrides}) has "
                                         f"findings the full-size plan has not: {message}")
     program = parallel_program(lowered)
+    spec = trace_training_step(setup.fake_model, setup.input_specs, reference_opt, reuse=False,
+                               points=reference_points(program))
     budget = default_budget() if max_memory is None else max_memory
     need = estimate(program, [g.type for g in spec.program.inputs], spec.program)
     if need.bytes > budget:

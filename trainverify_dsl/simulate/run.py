@@ -10,7 +10,8 @@ Then an ordered list of named checks runs (``CHECKS``): the copies of the loss, 
 loss (docs/semantics.md §4.6), gradient coverage, every gradient copy in its final layout, the
 plan's layout claims (§2.4), the optimizer's hyper-parameters against the spec's, every updated
 parameter and optimizer state, and the derived lineages at marked points. The reference values
-at marked points come from running the spec model eagerly in torch (``spec_values_at``).
+at marked points are outputs of the reference IR too (``point:<point>``: the spec is traced
+with the points ``reference_points`` lists marked, ``spec/marks.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from trainverify_dsl.ir.ops import OPS
 from trainverify_dsl.ir.parallel import ParallelProgram
 from trainverify_dsl.report.span import Span
 from trainverify_dsl.spec import optim
+from trainverify_dsl.spec.marks import POINT
 
 #: Relative error below which two float64 results agree (round-off of the same real numbers).
 TOLERANCE = 1e-9
@@ -147,41 +149,18 @@ def _vocab(model: torch.nn.Module) -> int | None:
 
 
 
-def spec_values_at(model: torch.nn.Module, values: Mapping[str, np.ndarray],
-                   data: list[str], points: list[str]) -> dict[str, np.ndarray]:
-    """The spec's values at module boundaries (``X.in``, ``X.in#k``, ``X.out``): the model run
-    eagerly in float64 on ``values`` (a torch forward; its loss and gradients are the IR
-    spec's, tested in tests/test_spec_models.py)."""
-    import copy
+def reference_points(program: ParallelProgram) -> list[str]:
+    """The marked points whose reference values the checks read: every lineage's point and
+    every claim on a computed tensor (not ``loss``, not ``grad(...)``). Trace the spec with
+    them (``trace_training_step(..., points=...)``)."""
+    points = {lin.point for lin in program.lineages}
+    points |= {claim.target for claim in program.claims}
+    return sorted(p for p in points if p != "loss" and not p.startswith("grad("))
 
-    net = copy.deepcopy(model).double()
-    with torch.no_grad():
-        for name, tensor in list(net.named_parameters()) + list(net.named_buffers()):
-            if name in values and tensor.is_floating_point():
-                tensor.copy_(torch.from_numpy(np.asarray(values[name], dtype=np.float64)))
-    seen: dict[str, np.ndarray] = {}
-    modules = {p.rsplit(".", 1)[0] for p in points}
-    handles = []
-    for path in modules:
-        module = net.get_submodule(path)
 
-        def pre(_m: Any, args: tuple[Any, ...], _p: str = path) -> None:
-            for k, a in enumerate(args):
-                if isinstance(a, torch.Tensor) and a.is_floating_point():
-                    seen[f"{_p}.in" if k == 0 else f"{_p}.in#{k}"] = a.detach().numpy().copy()
-
-        def post(_m: Any, _a: Any, out: Any, _p: str = path) -> None:
-            if isinstance(out, torch.Tensor):
-                seen[f"{_p}.out"] = out.detach().numpy().copy()
-
-        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-    try:
-        with torch.no_grad():
-            net(*(torch.from_numpy(np.asarray(values[d])) for d in data))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return seen
+def points_of(want: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The reference's values at marked points, by point (its outputs ``point:<point>``)."""
+    return {k[len(POINT):]: v for k, v in want.items() if k.startswith(POINT)}
 
 
 # -- the checks ------------------------------------------------------------------------------
@@ -196,20 +175,32 @@ class _Pair:
     got: ParallelOutcome
     values: Mapping[str, np.ndarray]
     reference_opt: optim.Optimizer | None
-    #: the spec's values at marked points (eager torch), for lineages and point claims
-    points: Mapping[str, np.ndarray]
+    #: the reference's values at marked points (its ``point:`` outputs), for lineages and
+    #: point claims
+    points: Mapping[str, np.ndarray] = field(init=False)
     mesh: MeshGroups = field(init=False)
     floor: float = field(init=False)
     compared: int = 0
     worst: float = 0.0
     mismatches: list[Mismatch] = field(default_factory=list)
     lineage_mismatches: list[Mismatch] = field(default_factory=list)
+    _observed: dict[str, dict[tuple[int, int], np.ndarray]] | None = None
 
     def __post_init__(self) -> None:
         self.mesh = MeshGroups(self.program.mesh)
-        magnitude = max((float(np.max(np.abs(v))) for v in self.want.values()
+        self.points = points_of(self.want)
+        magnitude = max((float(np.max(np.abs(v))) for k, v in self.want.items()
+                         if not k.startswith(POINT)
                          if np.size(v) and np.all(np.isfinite(v))), default=1.0)
         self.floor = FLOOR * magnitude
+
+    def observed_at(self, point: str) -> dict[tuple[int, int], np.ndarray]:
+        """The plan's local values at ``point``, by ``(rank, microbatch)``."""
+        if self._observed is None:
+            self._observed = {}
+            for (p, r, m), v in self.got.observed.items():
+                self._observed.setdefault(p, {})[(r, m)] = v
+        return self._observed.get(point, {})
 
     def coords(self, rank: int, m: int = 0) -> dict[str, int]:
         coords = self.mesh.coords(rank)
@@ -312,12 +303,12 @@ def _check_claims(pair: _Pair) -> None:
             pieces = _mean_losses(pair)
             want_global, micro = pair.want["loss"], (0,)
         else:
-            pieces = {(r, m): v for (p, r, m), v in pair.got.observed.items()
-                      if p == claim.target}
+            pieces = pair.observed_at(claim.target)
             want_global = pair.points.get(claim.target)
             micro = tuple(range(pair.program.microbatches))
         if want_global is None:
-            pair.fail("claims", claim.target, span, "the claim's value is not observable")
+            pair.fail("claims", claim.target, span, "the claim's value is not observable "
+                      "(the reference step has no value at this point)")
             continue
         _check_claim_pieces(pair, claim, pieces, want_global, micro, sizes)
 
@@ -402,7 +393,7 @@ def _check_lineages(pair: _Pair) -> None:
         lay = lineage.layout
         if want_global is None or (lay.partial and MICROBATCH_AXIS in lay.partial[1]):
             continue  # a mean over microbatches is no local piece to compare
-        pieces = {(r, m): v for (p, r, m), v in pair.got.observed.items() if p == lineage.point}
+        pieces = pair.observed_at(lineage.point)
         for rank, m in sorted(pieces):
             got = pair.reconstruct(pieces, lay, rank, m)
             if got is None:
@@ -430,12 +421,13 @@ CHECKS: tuple[tuple[str, Callable[[_Pair], None]], ...] = (
 
 
 def compare_programs(program: ParallelProgram, want: dict[str, np.ndarray],
-                     values: Mapping[str, np.ndarray], reference_opt: optim.Optimizer | None,
-                     points: Mapping[str, np.ndarray]) -> SimulationResult:
+                     values: Mapping[str, np.ndarray], reference_opt: optim.Optimizer | None
+                     ) -> SimulationResult:
     """Evaluate the parallel program on ``values`` and run ``CHECKS`` against the reference
-    step's outputs ``want`` on the same values."""
+    step's outputs ``want`` on the same values (its ``point:`` outputs are the values at
+    marked points)."""
     got = evaluate_parallel(program, values)
-    pair = _Pair(program, want, got, values, reference_opt, points)
+    pair = _Pair(program, want, got, values, reference_opt)
     for _, check in CHECKS:
         check(pair)
     result = SimulationResult(program.name, pair.mesh.world_size, pair.worst, pair.compared,

@@ -2,8 +2,9 @@
 
 ``tvp simulate`` evaluates two IR programs through one importer and one interpreter, so an
 error they share (a wrong op semantics, a mistranslated optimizer) would be invisible in their
-comparison. Before any verdict, the reference IR's loss, gradients, updated parameters and
-optimizer states are compared with this: the spec model run in float64 with
+comparison. Before any verdict, the reference IR's loss, gradients, updated parameters,
+optimizer states and values at marked points (``point:<point>``, recorded here by forward
+hooks on the modules) are compared with this: the spec model run in float64 with
 ``torch.autograd`` on the whole batch and stepped with ``torch.optim`` (single-tensor
 implementation) from the same states, at the checked step number. Nothing here goes through
 the tracer, the IR or the interpreter. If the two disagree, the simulation stops with
@@ -39,19 +40,52 @@ def _torch_optimizer(params: list[torch.Tensor], opt: optim.Optimizer) -> torch.
                 weight_decay=opt.weight_decay, foreach=False)
 
 
+def _record_points(net: torch.nn.Module, points: Sequence[str],
+                   seen: dict[str, np.ndarray]) -> list[Any]:
+    """Forward hooks recording the floating-point values at ``points`` (``X.in``, ``X.in#k``,
+    ``X.out``) into ``seen`` as ``point:<point>``; a module called twice keeps its last call's.
+    """
+    wanted = set(points)
+    handles = []
+    for path in sorted({p.rsplit(".", 1)[0] for p in points}):
+        module = net.get_submodule(path)
+
+        def keep(point: str, value: Any) -> None:
+            if point in wanted and isinstance(value, torch.Tensor) and value.is_floating_point():
+                seen[f"point:{point}"] = value.detach().numpy().copy()
+
+        def pre(_m: Any, args: tuple[Any, ...], _p: str = path) -> None:
+            for k, a in enumerate(args):
+                keep(f"{_p}.in" if k == 0 else f"{_p}.in#{k}", a)
+
+        def post(_m: Any, _a: Any, out: Any, _p: str = path) -> None:
+            keep(f"{_p}.out", out)
+
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    return handles
+
+
 def torch_step(model: torch.nn.Module, values: Mapping[str, np.ndarray], data: Sequence[str],
-               opt: optim.Optimizer | None) -> dict[str, np.ndarray]:
-    """``loss``, ``grad(p)``, ``new(p)`` and ``new(<state>(p))`` of one step of ``model`` on
-    ``values`` (parameters, buffers, inputs ``data`` in call order, states ``m(p)``...)."""
+               opt: optim.Optimizer | None, points: Sequence[str] = ()
+               ) -> dict[str, np.ndarray]:
+    """``loss``, ``grad(p)``, ``new(p)``, ``new(<state>(p))`` and ``point:<point>`` for each
+    of ``points`` of one step of ``model`` on ``values`` (parameters, buffers, inputs ``data``
+    in call order, states ``m(p)``...)."""
     net = copy.deepcopy(model).double()
     with torch.no_grad():
         for name, tensor in [*net.named_parameters(), *net.named_buffers()]:
             if name in values and tensor.is_floating_point():
                 tensor.copy_(torch.from_numpy(np.asarray(values[name], dtype=np.float64)))
-    loss = net(*(torch.from_numpy(np.asarray(values[d])) for d in data))
+    out: dict[str, np.ndarray] = {}
+    handles = _record_points(net, points, out)
+    try:
+        loss = net(*(torch.from_numpy(np.asarray(values[d])) for d in data))
+    finally:
+        for handle in handles:
+            handle.remove()
     loss.backward()
     named = dict(net.named_parameters())
-    out = {"loss": loss.detach().numpy().copy()}
+    out["loss"] = loss.detach().numpy().copy()
     for name, p in named.items():
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -77,18 +111,20 @@ def torch_step(model: torch.nn.Module, values: Mapping[str, np.ndarray], data: S
 def check_reference(want: Mapping[str, np.ndarray], model: torch.nn.Module,
                     values: Mapping[str, np.ndarray], data: Sequence[str],
                     opt: optim.Optimizer | None, tolerance: float, floor: float) -> int:
-    """Compare the reference IR's outputs ``want`` with ``torch_step``; raises
+    """Compare the reference IR's outputs ``want`` (its values at marked points included)
+    with ``torch_step``; raises
     ``ReferenceDisagrees`` on a missing or differing output; returns how many were compared.
     Errors are relative to the largest entry of the output, or ``floor`` times the largest
     entry of all outputs if that is more (float64 round-off of one computation done in two
     orders)."""
-    eager = torch_step(model, values, data, opt)
+    points = [k[len("point:"):] for k in want if k.startswith("point:")]
+    eager = torch_step(model, values, data, opt, points)
     missing = sorted(set(eager) ^ set(want))
     if missing:
         raise ReferenceDisagrees(f"the reference IR and eager torch do not produce the same "
                                  f"outputs: {', '.join(missing[:5])}")
-    magnitude = max((float(np.max(np.abs(v))) for v in eager.values() if np.size(v)),
-                    default=1.0)
+    magnitude = max((float(np.max(np.abs(v))) for k, v in eager.items()
+                     if np.size(v) and not k.startswith("point:")), default=1.0)
     for name, expected in eager.items():
         got = np.asarray(want[name], dtype=np.float64)
         expected = np.asarray(expected, dtype=np.float64)

@@ -56,7 +56,9 @@ def _layer_rename(graph: Graph, layer: str, scope: str) -> dict[str, str]:
         elif g.name.startswith("saved."):
             rename[g.name] = f"{scope}/{g.name}"
     for name in graph.output_names:
-        if name.startswith("grad(") and name not in ("grad(in.0)",):
+        if name.startswith("point:@"):  # a marked point inside the block (spec/trace.py)
+            rename[name] = f"point:{layer}{name[len('point:@'):]}"
+        elif name.startswith("grad(") and name not in ("grad(in.0)",):
             rename[name] = f"grad({layer}.{name[5:-1]})"
         elif name.startswith("saved."):
             rename[name] = f"{scope}/{name}"

@@ -632,6 +632,19 @@ def _collective(cx: Ctx, a: dict[str, Any]) -> V:
     return cx.emit(_COLLECTIVE_OPS[kind], (x,), attrs)
 
 
+# -- marked points (trainverify_dsl.spec.marks) -------------------------------------------------
+
+
+@converts("tvp.mark")
+def _mark(cx: Ctx, a: dict[str, Any]) -> V:
+    """An identity whose value is the graph output ``point:<point>``; a module called twice
+    marks its point twice, and the last call's value is the point's (as a forward hook
+    recording it would see)."""
+    x = a["x"]
+    cx.builder.set_output(f"point:{a['point']}", x.id)
+    return x
+
+
 # -- driver ------------------------------------------------------------------------------------
 
 

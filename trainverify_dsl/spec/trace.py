@@ -12,6 +12,11 @@ each distinct block (same class, parameter shapes, simple attributes and input t
 once on its own, with a tangent input for its output. The joint graphs are split into forward
 and backward phases and composed in a ``Program`` that calls the block graphs once per layer
 with that layer's parameter names. ``reuse=False`` traces the whole model as one graph.
+
+Marked points: ``points`` (``X.in``, ``X.in#k``, ``X.out``, the boundaries a plan names) are
+marked while tracing (``spec/marks.py``) and become outputs ``point:<point>`` of the program.
+Inside a block they are marked relative to the block (``point:@.attention.in``) and renamed per
+layer by ``compose``, so marks do not stop layers from sharing one graph.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from trainverify_dsl.spec.convert import DTYPES
 from trainverify_dsl.spec.cut import ANCHOR, BlockStub
 from trainverify_dsl.spec.errors import SpecError, fail, fail_at, spec_span
 from trainverify_dsl.spec.fx_import import UnsupportedOps, import_joint, user_frame
+from trainverify_dsl.spec.marks import POINT, marks, module_of
 from trainverify_dsl.spec.program import BlockGroup, SpecProgram
 
 #: name -> (shape, dtype), in forward-argument order
@@ -349,11 +355,17 @@ def _tensor_types(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, .
                  for v in values)
 
 
-def _trace_block(block: nn.Module, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> tuple[Graph, Graph]:
+def _block_point(relative: str) -> str:
+    """The point prefix of a module inside a block (``@.attention``; ``@`` is the block)."""
+    return "@" + (f".{relative}" if relative else "")
+
+
+def _trace_block(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 marked: tuple[str, ...] = ()) -> tuple[Graph, Graph]:
     tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
     inputs = [tensors[0].detach().requires_grad_(True)] + [t.detach() for t in tensors[1:]]
-    gm = _joint(_BlockCall(block, args, kwargs), tuple(inputs))
+    with marks(block, marked, _block_point):
+        gm = _joint(_BlockCall(block, args, kwargs), tuple(inputs))
     graph = import_joint(gm, _block_input, _block_output, strip="block")
     if "out" not in graph.output_names or graph.value_type(graph.output_value("out")) != \
             graph.inputs[graph.input_index("in.0")].type:
@@ -379,13 +391,14 @@ def _capture_stubstep_call(model: nn.Module, list_path: str,
 
 
 def _trace_outer(model: nn.Module, list_path: str, inputs: tuple[torch.Tensor, ...],
-                 data_names: list[str]) -> list[Graph]:
+                 data_names: list[str], marked: tuple[str, ...] = ()) -> list[Graph]:
     parent_path, _, attr = list_path.rpartition(".")
     parent = model.get_submodule(parent_path)
     original = getattr(parent, attr)
     setattr(parent, attr, nn.ModuleList([BlockStub()]))
     try:
-        gm = _joint(model, inputs, returns_loss=True)
+        with marks(model, marked):
+            gm = _joint(model, inputs, returns_loss=True)
         names = canonical_names(model)
     finally:
         setattr(parent, attr, original)
@@ -394,8 +407,22 @@ def _trace_outer(model: nn.Module, list_path: str, inputs: tuple[torch.Tensor, .
     return split_phases(graph, {"block_out": 1, "grad(block_in.0)": 2}, 3)
 
 
+def _split_marks(modules: tuple[str, ...], list_path: str, n_blocks: int
+                 ) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """Marked modules outside the block list, and per block the ones inside it (relative to
+    the block; ``""`` is the block itself)."""
+    outer = tuple(m for m in modules if m != list_path and not m.startswith(f"{list_path}."))
+    inner: list[list[str]] = [[] for _ in range(n_blocks)]
+    for m in modules:
+        if m.startswith(f"{list_path}."):
+            index, _, rest = m[len(list_path) + 1:].partition(".")
+            if index.isdigit() and int(index) < n_blocks:
+                inner[int(index)].append(rest)
+    return outer, [tuple(sorted(r)) for r in inner]
+
+
 def _trace_pieces(model: nn.Module, inputs: tuple[torch.Tensor, ...],
-                  data_names: list[str], exact: bool) -> Pieces:
+                  data_names: list[str], exact: bool, marked: tuple[str, ...] = ()) -> Pieces:
     found = find_block_list(model)
     if found is None:
         raise _NoReuse("the model has no nn.ModuleList of blocks")
@@ -410,28 +437,31 @@ def _trace_pieces(model: nn.Module, inputs: tuple[torch.Tensor, ...],
             tensors[0].shape, tensors[0].dtype):
         raise _NoReuse("a block does not return one tensor shaped like its hidden-state input")
     in_types = _tensor_types(args, kwargs)
+    outer_marks, block_marks = _split_marks(marked, list_path, len(blocks))
     groups: dict[Any, str] = {}
     traced: dict[str, tuple[Graph, Graph]] = {}
     layer_graph = []
-    for block in blocks:
-        # Group by block_key (classes, tensor types, every attribute, input types); a block
-        # the key cannot describe, and every block when exact, is traced and grouped by its
-        # traced graphs themselves.
+    for block, inner in zip(blocks, block_marks, strict=True):
+        # Group by block_key (classes, tensor types, every attribute, input types, marked
+        # modules); a block the key cannot describe, and every block when exact, is traced
+        # and grouped by its traced graphs themselves.
         key = None if exact else block_key(block, in_types)
-        graphs = _trace_block(block, args, kwargs) if key is None else None
-        key = graphs if key is None else key
+        graphs = _trace_block(block, args, kwargs, inner) if key is None else None
+        key = graphs if key is None else (key, inner)
         if key not in groups:
             groups[key] = f"block{len(groups)}"
-            traced[groups[key]] = graphs or _trace_block(block, args, kwargs)
+            traced[groups[key]] = graphs or _trace_block(block, args, kwargs, inner)
         layer_graph.append(groups[key])
-    outer = _trace_outer(model, list_path, inputs, data_names)
+    outer = _trace_outer(model, list_path, inputs, data_names, outer_marks)
     return Pieces(outer, traced, layer_graph, list_path)
 
 
 def _flat_program(model: nn.Module, inputs: tuple[torch.Tensor, ...], data_names: list[str],
-                  program_inputs: tuple[GraphInput, ...], outputs: list[str]) -> Program:
+                  program_inputs: tuple[GraphInput, ...], outputs: list[str],
+                  marked: tuple[str, ...] = ()) -> Program:
     names = canonical_names(model)
-    joint = _joint(model, inputs, returns_loss=True)
+    with marks(model, marked):
+        joint = _joint(model, inputs, returns_loss=True)
     graph = import_joint(joint, _outer_namer(data_names, names), _outer_output(names))
     call = step_call("step", graph, "step", {}, label="training step")
     defined = set(call.results)
@@ -451,8 +481,13 @@ def _program_inputs(model: nn.Module, specs: InputSpecs) -> tuple[GraphInput, ..
 
 
 def trace_training_step(model: nn.Module, input_specs: InputSpecs, optimizer: Any = None, *,
-                        reuse: bool = True, exact_reuse: bool = False) -> SpecProgram:
+                        reuse: bool = True, exact_reuse: bool = False,
+                        points: Any = ()) -> SpecProgram:
     """Trace ``model(**inputs) -> loss`` and its backward into a ``SpecProgram``.
+
+    ``points``: marked points (``X.in``, ``X.in#k``, ``X.out``) whose values become outputs
+    ``point:<point>``; a point the forward never reaches (a module not called, an integer
+    argument) has no output.
 
     ``reuse`` traces one block per distinct ``block_key`` and reuses it for the other layers
     (the key is a cheap proxy for "same computation"); ``exact_reuse`` traces every layer and
@@ -471,7 +506,7 @@ def trace_training_step(model: nn.Module, input_specs: InputSpecs, optimizer: An
         allow, mode.allow_non_fake_inputs = mode.allow_non_fake_inputs, True
         try:
             with mode, sdpa_kernel(SDPBackend.MATH), _quiet_torch_logs():
-                spec = _trace_in_mode(fake, input_specs, reuse, exact_reuse)
+                spec = _trace_in_mode(fake, input_specs, reuse, exact_reuse, tuple(points))
         finally:
             mode.allow_non_fake_inputs = allow
     except SpecError as error:
@@ -492,15 +527,17 @@ def trace_training_step(model: nn.Module, input_specs: InputSpecs, optimizer: An
 
 
 def _trace_in_mode(model: nn.Module, specs: InputSpecs, reuse: bool,
-                   exact: bool) -> SpecProgram:
+                   exact: bool, points: tuple[str, ...] = ()) -> SpecProgram:
     inputs = _example_inputs(specs)
     data_names = list(specs)
     program_inputs = _program_inputs(model, specs)
     outputs = ["loss"] + [f"grad({n})" for n, _ in model.named_parameters()]
+    outputs += [f"{POINT}{p}" for p in sorted(set(points))]
+    marked = tuple(sorted({module_of(p) for p in points}))
     notes: list[str] = []
     if reuse:
         try:
-            pieces = _trace_pieces(model, inputs, data_names, exact)
+            pieces = _trace_pieces(model, inputs, data_names, exact, marked)
         except _NoReuse as why:
             notes.append(f"block reuse off: {why}")
         except (SpecError, UnsupportedOps):
@@ -513,7 +550,7 @@ def _trace_in_mode(model: nn.Module, specs: InputSpecs, reuse: bool,
                                                   if g == name)) for name in pieces.blocks)
             program = compose(pieces, program_inputs, outputs)
             return SpecProgram(program, pieces.list_path, groups, 0.0, tuple(notes))
-    program = _flat_program(model, inputs, data_names, program_inputs, outputs)
+    program = _flat_program(model, inputs, data_names, program_inputs, outputs, marked)
     return SpecProgram(program, "", (), 0.0, tuple(notes))
 
 

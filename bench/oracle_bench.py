@@ -34,10 +34,9 @@ def default_plans() -> list[str]:
 
 
 def simulate_verdict(path: str) -> str:
+    from trainverify_dsl.api import SimulationSetupError, simulate_file
     from trainverify_dsl.lower.findings import LoweringError
     from trainverify_dsl.report.diagnostics import Severity
-    from trainverify_dsl.simulate.api import simulate_file
-    from trainverify_dsl.simulate.setup import SimulationSetupError
 
     try:
         result = simulate_file(ROOT / path)

@@ -37,7 +37,7 @@ warnings.filterwarnings("ignore")
 sys.path.insert(0, {root!r})
 start = time.perf_counter()
 from trainverify_dsl.lower.lowering import lower
-from trainverify_dsl.simulate.setup import prepare
+from trainverify_dsl.api import prepare
 setup = prepare({plan!r}, shrink=False, real=False)
 mid = time.perf_counter()
 lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
@@ -52,7 +52,7 @@ import json, resource, sys, time, warnings
 warnings.filterwarnings("ignore")
 sys.path.insert(0, {root!r})
 start = time.perf_counter()
-from trainverify_dsl.simulate import simulate_file
+from trainverify_dsl.api import simulate_file
 result = simulate_file({plan!r})
 print(json.dumps({{"seconds": time.perf_counter() - start, "ranks": result.ranks,
     "compared": result.compared, "max_rel_error": result.max_rel_error,

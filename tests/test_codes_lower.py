@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from trainverify_dsl.api import simulate_file
 from trainverify_dsl.cli.lint_cmd import with_layout_pass
 from trainverify_dsl.plan import lint_file
 from trainverify_dsl.report.codes_lower import CODES
 from trainverify_dsl.report.diagnostics import Code, Severity
-from trainverify_dsl.simulate import simulate_file
 
 
 def _ids(tmp_path: Path, text: str) -> tuple[set[str], set[str]]:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from trainverify_dsl.api import prepare
 from trainverify_dsl.lower.findings import Finding, LoweringError
 from trainverify_dsl.lower.lowering import Lowered, lower
-from trainverify_dsl.simulate.setup import prepare
 
 # Finding codes: the short keys of lower/findings.py, being renamed to the registered names
 # of report/codes_lower.py; either spelling is accepted.

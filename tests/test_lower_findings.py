@@ -60,7 +60,7 @@ def test_vocab_parallel_ce_on_unsplit_logits_is_blamed_on_the_algorithm(tmp_path
     collective somewhere upstream)."""
     from pathlib import Path
 
-    from trainverify_dsl.lower.diagnose import layout_diagnostics
+    from trainverify_dsl.api import layout_diagnostics
 
     root = Path(__file__).resolve().parents[1]
     text = (root / "plans" / "llama_tiny_tp.tvp").read_text()

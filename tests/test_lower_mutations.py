@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from trainverify_dsl.api import prepare, spec_optimizer
 from trainverify_dsl.lower.findings import LoweringError
 from trainverify_dsl.lower.lowering import lower
 from trainverify_dsl.plan.model import Plan
 from trainverify_dsl.simulate import run as sim
-from trainverify_dsl.simulate.setup import prepare
 from trainverify_dsl.spec.trace import trace_training_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ class Subject:
         if key not in self.specs:
             self.specs[key] = trace_training_step(
                 self.setup.fake_model, self.setup.input_specs,
-                sim.spec_optimizer(self.setup.plan), reuse=False, points=points)
+                spec_optimizer(self.setup.plan), reuse=False, points=points)
         return self.specs[key]
 
     def outcome(self, plan: Plan) -> tuple[bool, set[str]]:
@@ -83,12 +83,12 @@ class Subject:
             lowered = lower(plan, self.setup.fake_model, self.setup.fake_inputs)
         except LoweringError as error:
             return False, {f.code for f in error.findings}
+        from trainverify_dsl.api import simulate_programs
         from trainverify_dsl.lower.program import parallel_program
-        from trainverify_dsl.simulate.api import simulate_lowered
 
         program = parallel_program(lowered)
-        result = simulate_lowered(lowered, program, self.spec(sim.reference_points(program)),
-                                  sim.spec_optimizer(self.setup.plan), self.setup.real_model)
+        result = simulate_programs(program, self.spec(sim.reference_points(program)),
+                                   spec_optimizer(self.setup.plan), self.setup.real_model)
         return result.agrees, {f.code for f in lowered.findings}
 
 

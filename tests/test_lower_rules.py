@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from trainverify_dsl.api import prepare, simulate_file
 from trainverify_dsl.lower.findings import LoweringError
 from trainverify_dsl.lower.lowering import Lowered, lower
-from trainverify_dsl.simulate import simulate_file
-from trainverify_dsl.simulate.setup import prepare
 
 MODELS = "tests/models/tiny_nets.py"
 

@@ -2,8 +2,8 @@
 local programs run under a real ``torch.distributed`` world (gloo, one CPU process per rank,
 ``DistCommunicator``) give the same per-microbatch losses and accumulated parameter gradients
 as the IR path (AOTAutograd joint graph -> IR -> numpy SPMD interpreter,
-``simulate.run.accumulated_gradients``), and as the same programs run as threads
-(``simulate.eager.run_threaded``). A negative control shows the comparison can fail: the IR
+``ir.execute.evaluate_parallel(..., step=False)``), and as the same programs run as threads
+(``oracle.eager.run_threaded``). A negative control shows the comparison can fail: the IR
 results of a buggy twin plan (``backward all-reduce`` on a Megatron output all-reduce) are far
 from the correct plan's gloo results, and match the bug plan's own gloo run.
 
@@ -61,9 +61,9 @@ class Prepared:
 def prepare_plan(plan_path: str, seed: int) -> Prepared:
     """prepare + spec trace + lower + random values: identical in the parent and every worker
     (same code, same plan file, same seed)."""
+    from trainverify_dsl.api import prepare, spec_optimizer
     from trainverify_dsl.lower.lowering import lower
-    from trainverify_dsl.simulate.run import random_inputs, spec_optimizer
-    from trainverify_dsl.simulate.setup import prepare
+    from trainverify_dsl.simulate.run import random_inputs
     from trainverify_dsl.spec.trace import trace_training_step
 
     setup = prepare(ROOT / plan_path)
@@ -109,7 +109,7 @@ def dist_worker(plans: list[tuple[str, int]], seed: int, rank: int, out_dir: str
     import torch.distributed as dist
 
     from trainverify_dsl.lower.collectives import DistCommunicator, use_communicator
-    from trainverify_dsl.simulate.eager import rank_step
+    from trainverify_dsl.oracle.eager import rank_step
 
     torch.set_num_threads(1)
     for plan_path, world_size in plans:
@@ -166,11 +166,12 @@ class RankResult:
 def ir_side(plan_path: str) -> tuple[Prepared, dict[tuple[int, int], float],
                                      dict[int, dict[str, np.ndarray]]]:
     """The parent's lowering and values, and the IR/numpy losses and gradients."""
-    from trainverify_dsl.simulate.run import accumulated_gradients
+    from trainverify_dsl.ir.execute import evaluate_parallel
+    from trainverify_dsl.lower.program import parallel_program
 
     prepared = prepare_plan(plan_path, SEED)
-    losses, grads = accumulated_gradients(prepared.lowered, prepared.values)
-    return prepared, losses, grads
+    out = evaluate_parallel(parallel_program(prepared.lowered), prepared.values, step=False)
+    return prepared, out.losses, out.grads
 
 
 GLOO_PLANS = list(dict.fromkeys(PLANS + [BUG_PLAN]))
@@ -179,7 +180,7 @@ GLOO_PLANS = list(dict.fromkeys(PLANS + [BUG_PLAN]))
 def run_gloo(plan_paths: list[str], tmp: Path) -> dict[str, list[RankResult] | str]:
     """One process per rank of the largest mesh, each running every plan in turn (the plans'
     worlds one after another); by plan, the results by rank, or the failure text."""
-    from trainverify_dsl.simulate.setup import resolve_plan
+    from trainverify_dsl.api import resolve_plan
 
     sizes = {p: math.prod(a.size for a in resolve_plan(ROOT / p).mesh.axes) for p in plan_paths}
     tests_dir = Path(__file__).resolve().parent
@@ -306,7 +307,7 @@ def test_gloo_matches_ir(plan_path: str, gloo: Any) -> None:
 def test_gloo_matches_threads(plan_path: str, gloo: Any) -> None:
     """The same local programs as threads of this process (``ThreadWorld``) against gloo
     processes, and against the IR."""
-    from trainverify_dsl.simulate.eager import run_threaded
+    from trainverify_dsl.oracle.eager import run_threaded
 
     prepared, losses, grads = ir_side(plan_path)
     threads = run_threaded(prepared.lowered, prepared.values)

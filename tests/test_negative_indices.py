@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from trainverify_dsl.api import layout_diagnostics
 from trainverify_dsl.cli.main import main
-from trainverify_dsl.lower.diagnose import layout_diagnostics
 from trainverify_dsl.parse import format_source, parse_source
 from trainverify_dsl.plan import lint_file
 

@@ -132,7 +132,7 @@ def test_bug_plan_cannot_be_lowered(path: str, fast_bugs: dict[str, OracleResult
 
 def test_every_bug_plan_is_covered() -> None:
     """Every bug plan is in one list above, and all fit in 8 ranks."""
-    from trainverify_dsl.simulate.setup import resolve_plan
+    from trainverify_dsl.api import resolve_plan
 
     assert sorted(FAST_BUGS + SLOW_BUGS + NOT_LOWERABLE) == ALL_BUGS
     for path in ALL_BUGS:
@@ -169,7 +169,7 @@ def test_oracle_tells_a_relative_1e6_perturbation(tmp_path: Path) -> None:
 
 def test_simulate_tells_a_relative_1e6_perturbation(tmp_path: Path) -> None:
     """The same property for ``tvp simulate`` (its tolerance, too, is not taken on trust)."""
-    from trainverify_dsl.simulate.api import simulate_file
+    from trainverify_dsl.api import simulate_file
 
     # the layout pass tells the scale statically (TVP411); the simulation must tell it too
     result = simulate_file(_perturbed(tmp_path), stop_on_errors=False)

@@ -28,9 +28,9 @@ def parser_crashes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def layout_pass_crashes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``tvp lint --spec`` calls ``lower.diagnose.layout_diagnostics`` on a plan that lints
+    """``tvp lint --spec`` calls ``api.layout_diagnostics`` on a plan that lints
     clean (looked up at each call)."""
-    monkeypatch.setattr("trainverify_dsl.lower.diagnose.layout_diagnostics", crash)
+    monkeypatch.setattr("trainverify_dsl.api.layout_diagnostics", crash)
 
 
 def lint(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -147,7 +147,7 @@ def test_simulate_refused_by_the_layout_pass(capsys) -> None:
 
 def test_simulate_internal_error(capsys, monkeypatch) -> None:
     # simulate_cmd looks ``simulate_file`` up in trainverify_dsl.simulate at each run
-    monkeypatch.setattr("trainverify_dsl.simulate.simulate_file", crash)
+    monkeypatch.setattr("trainverify_dsl.api.simulate_file", crash)
     status, document, err = simulate_json(capsys, CLEAN_PLAN)
     assert set(document) == SIMULATE_KEYS
     assert (status, document["verdict"], document["agrees"]) == (2, "internal-error", False)
@@ -162,7 +162,7 @@ def test_simulate_no_verdict(capsys, monkeypatch) -> None:
     def disagree(*args: object, **kwargs: object) -> None:
         raise ReferenceDisagrees("the reference loss differs from eager torch")
 
-    monkeypatch.setattr("trainverify_dsl.simulate.simulate_file", disagree)
+    monkeypatch.setattr("trainverify_dsl.api.simulate_file", disagree)
     status, document, err = simulate_json(capsys, CLEAN_PLAN)
     assert set(document) == SIMULATE_KEYS
     assert (status, document["verdict"], document["agrees"]) == (2, "no-verdict", False)

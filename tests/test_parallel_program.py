@@ -1,8 +1,8 @@
 """The parallel program (``ir/parallel.py``): the whole training step as IR data.
 
 - ``ir/`` imports no torch and no project package but the span vocabulary;
-- the program of every small shipped plan verifies, and its canonical text (stage graphs left
-  out) is golden (``tests/golden/parallel/``; regenerate with
+- the program of every small shipped plan verifies, and its canonical text (stage graphs
+  included; the reference step's is in ``tests/test_reference_golden.py``) is golden (``tests/golden/parallel/``; regenerate with
   ``python tests/test_parallel_program.py --update`` and review the diff);
 - the verifier catches broken programs (a missing transfer, a reduction over the pipeline axis
   of a parameter one stage holds, an update at the wrong shape);
@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 GOLDEN = ROOT / "tests" / "golden" / "parallel"
-SMALL = ("mlp_tiny_dp", "llama_tiny_tp", "deepseek_tiny_pp")
+SMALL = ("mlp_tiny_dp", "mlp_tiny_zero", "mlp_dp_tp", "llama_tiny_tp", "llama_tiny_sp",
+         "llama_tiny_cp", "deepseek_tiny_ep", "deepseek_tiny_pp", "deepseek_tiny_tp")
 
 IMPORT_PURITY = """
 import sys, pkgutil, importlib
@@ -47,9 +48,9 @@ def test_ir_imports_no_torch_and_no_later_stage() -> None:
 
 
 def _program(name: str):  # noqa: ANN202 - test helper
+    from trainverify_dsl.api import prepare
     from trainverify_dsl.lower.lowering import lower
     from trainverify_dsl.lower.program import parallel_program
-    from trainverify_dsl.simulate.setup import prepare
 
     setup = prepare(ROOT / "plans" / f"{name}.tvp")
     return parallel_program(lower(setup.plan, setup.fake_model, setup.fake_inputs))
@@ -66,7 +67,7 @@ def test_program_verifies_and_matches_golden(programs: dict, name: str) -> None:
 
     program = programs[name]
     assert parallel_problems(program) == []
-    text = format_parallel(program, graphs=False)
+    text = format_parallel(program)
     assert (GOLDEN / f"{name}.txt").read_text() == text
 
 
@@ -124,7 +125,7 @@ all-reduce grad(params) over dp op=avg
 
 
 def _simulate(tmp_path: Path, recipe: str, extra: str):  # noqa: ANN202 - test helper
-    from trainverify_dsl.simulate import simulate_file
+    from trainverify_dsl.api import simulate_file
 
     path = tmp_path / "t.tvp"
     path.write_text(MLP.format(recipe=recipe, extra=extra))
@@ -138,7 +139,7 @@ def test_matching_recipe_agrees(tmp_path: Path) -> None:
 
 def test_a_different_learning_rate_is_found_at_the_optimizer_line(tmp_path: Path) -> None:
     """`tvp lint` sees it first (TVP280), so the simulation stops with that diagnostic."""
-    from trainverify_dsl.simulate.setup import SimulationSetupError
+    from trainverify_dsl.api import SimulationSetupError
 
     with pytest.raises(SimulationSetupError) as error:
         _simulate(tmp_path, "spec-optimizer sgd lr=0.1", "optimizer sgd lr=0.2")
@@ -177,7 +178,7 @@ def test_claims_on_gradients_and_loss_are_checked(tmp_path: Path, claim: str,
                                                    holds: bool) -> None:
     """A true claim agrees; a false one is found at its line, by the full-size layout pass
     (TVP407) before the simulation, or by the simulation's value check."""
-    from trainverify_dsl.simulate.setup import SimulationSetupError
+    from trainverify_dsl.api import SimulationSetupError
 
     try:
         result = _simulate(tmp_path, "spec-optimizer sgd lr=0.1",
@@ -196,7 +197,7 @@ if __name__ == "__main__" and "--update" in sys.argv:
 
     GOLDEN.mkdir(parents=True, exist_ok=True)
     for plan in SMALL:
-        (GOLDEN / f"{plan}.txt").write_text(format_parallel(_program(plan), graphs=False))
+        (GOLDEN / f"{plan}.txt").write_text(format_parallel(_program(plan)))
         print(f"wrote {GOLDEN / plan}.txt")
 
 
@@ -207,11 +208,11 @@ if __name__ == "__main__" and "--update" in sys.argv:
 def test_rank_batched_evaluation_equals_rank_by_rank(name: str) -> None:
     import numpy as np
 
+    from trainverify_dsl.api import prepare, spec_optimizer
     from trainverify_dsl.ir.execute import evaluate_parallel
     from trainverify_dsl.lower.lowering import lower
     from trainverify_dsl.lower.program import parallel_program
-    from trainverify_dsl.simulate.run import plan_states, random_inputs, spec_optimizer
-    from trainverify_dsl.simulate.setup import prepare
+    from trainverify_dsl.simulate.run import plan_states, random_inputs
     from trainverify_dsl.spec.trace import trace_training_step
 
     setup = prepare(ROOT / "plans" / f"{name}.tvp")

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from trainverify_dsl.api import SimulationSetup, SimulationSetupError, resolve_plan, simulate_file
 from trainverify_dsl.cli.main import main
 from trainverify_dsl.ir.graph import GraphBuilder
 from trainverify_dsl.ir.types import TensorType
-from trainverify_dsl.simulate import simulate_file
-from trainverify_dsl.simulate.budget import idle_axes, parse_bytes, peak_live_bytes
-from trainverify_dsl.simulate.setup import SimulationSetup, SimulationSetupError, resolve_plan
+from trainverify_dsl.shrink import idle_axes
+from trainverify_dsl.simulate.budget import parse_bytes, peak_live_bytes
 
 HEAD = ('plan p\nspec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1\n'
         "spec-optimizer sgd lr=0.1\n")

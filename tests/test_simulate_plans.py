@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from trainverify_dsl.api import SimulationSetupError, simulate_file
 from trainverify_dsl.cli.main import main
-from trainverify_dsl.simulate import TOLERANCE, simulate_file
-from trainverify_dsl.simulate.setup import SimulationSetupError
+from trainverify_dsl.simulate import TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[1]
 CORRECT = ["mlp_tiny_dp", "mlp_tiny_zero", "llama_tiny_tp", "llama_tiny_sp", "deepseek_tiny_ep",

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainverify_dsl.api import _plain, resolve_plan
 from trainverify_dsl.cli.main import main
 from trainverify_dsl.cli.simulate_cmd import agrees
-from trainverify_dsl.simulate.setup import _plain, resolve_plan
-from trainverify_dsl.simulate.shrink import Divisibility, shrink_plan, shrink_widths
+from trainverify_dsl.shrink import Divisibility, shrink_plan, shrink_widths
 
 MEGATRON = Path(__file__).resolve().parents[1] / "stdlib" / "megatron.tvp"
 
@@ -275,7 +275,7 @@ def test_agrees_is_false_when_an_error_was_reported() -> None:
 def test_a_shrunk_plan_that_loses_a_divisibility_is_an_internal_error_not_agrees(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainverify_dsl.simulate import shrink
+    from trainverify_dsl import shrink
 
     def broken(widths, rules, multiples, least):  # a width of 3 that tp=2 cannot split
         return {w: 3 if w == "d_hidden" else v for w, v in widths.items()}

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trainverify_dsl.api import SimulationSetupError, prepare
 from trainverify_dsl.lower.findings import LoweringError
 from trainverify_dsl.lower.lowering import lower
-from trainverify_dsl.simulate.setup import SimulationSetupError, prepare
 
 MEGATRON = Path(__file__).resolve().parents[1] / "stdlib" / "megatron.tvp"
 NAMES = ["mp", "dq", "rows", "a1", "zz", "tp", "dp"]

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trainverify_dsl.api import prepare
 from trainverify_dsl.cli.main import main
 from trainverify_dsl.simulate.run import random_inputs
-from trainverify_dsl.simulate.setup import prepare
 from trainverify_dsl.simulate.torch_step import ReferenceDisagrees, check_reference
 from trainverify_dsl.spec import optim
 from trainverify_dsl.spec.trace import trace_training_step

@@ -39,13 +39,12 @@ from typing import Any
 
 import pytest
 
+from trainverify_dsl.api import SimulationSetupError, prepare, simulate_file
 from trainverify_dsl.lower.diagnose import to_diagnostic
 from trainverify_dsl.lower.findings import LoweringError
 from trainverify_dsl.lower.lowering import Lowered, lower
 from trainverify_dsl.plan import lint_file
 from trainverify_dsl.report.diagnostics import Severity
-from trainverify_dsl.simulate import simulate_file
-from trainverify_dsl.simulate.setup import SimulationSetupError, prepare
 
 HEAD = ('plan t\nspec "tests/models/tiny_nets.py:TwoLinear" batch 4 seq 2\n'
         'spec-optimizer sgd lr=0.1\n')

@@ -168,7 +168,7 @@ def with_layout_pass(linter: Linter, *, allow_model_outside_root: bool = False) 
             return found
         import warnings
 
-        from trainverify_dsl.lower.diagnose import layout_diagnostics
+        from trainverify_dsl.api import layout_diagnostics
 
         with warnings.catch_warnings():  # torch's own deprecations are not the user's problem
             warnings.simplefilter("ignore", FutureWarning)

@@ -29,9 +29,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainverify_dsl.api import SimulationSetupError
     from trainverify_dsl.lower.findings import LoweringError
     from trainverify_dsl.oracle import OracleError, run_distributed
-    from trainverify_dsl.simulate.setup import SimulationSetupError
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own deprecations
     try:

@@ -1,6 +1,6 @@
 """``tvp simulate PLAN``: run the lowered plan on every rank and compare with the spec.
 
-The mesh is kept; a large model is shrunk to small widths first (``simulate/shrink.py``). Both
+The mesh is kept; a large model is shrunk to small widths first (``shrink.py``). Both
 sides run in float64 on the same random parameters, optimizer states and inputs; the result
 is the largest relative error over the loss, every gradient copy and every updated parameter,
 and the first tensor that differs, with the plan line responsible.
@@ -251,9 +251,7 @@ def simulate(args: argparse.Namespace) -> Outcome:
 
 
 def _simulate(args: argparse.Namespace) -> Outcome:
-    from trainverify_dsl.lower.diagnose import at_spec_line
-    from trainverify_dsl.simulate import simulate_file
-    from trainverify_dsl.simulate.setup import SimulationSetupError
+    from trainverify_dsl.api import SimulationSetupError, at_spec_line, simulate_file
     from trainverify_dsl.simulate.torch_step import ReferenceDisagrees
     from trainverify_dsl.spec.errors import SpecError
 

@@ -25,6 +25,7 @@ from torch import nn
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, Factor, TLayout, append_axes, ways
 from trainverify_dsl.lower.findings import Finding
 from trainverify_dsl.plan.model import (
+    PIPELINE_AXIS,
     Algorithm,
     Collective,
     IndexSeg,
@@ -37,7 +38,7 @@ from trainverify_dsl.plan.model import (
 from trainverify_dsl.report.span import Span
 
 #: Axes a layout never shards (the pipeline axis places, it does not split).
-PLACEMENT_AXES = ("pp",)
+PLACEMENT_AXES = (PIPELINE_AXIS,)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,6 @@ import contextlib
 import io
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn

@@ -34,14 +34,11 @@ from trainverify_dsl.ir.types import TensorType
 from trainverify_dsl.lower.findings import Finding, LoweringError
 from trainverify_dsl.lower.joint import input_name, output_name, stage_joint
 from trainverify_dsl.lower.lowering import Lowered, StageProgram
-from trainverify_dsl.plan.model import Layout, Partial
+from trainverify_dsl.plan.model import PIPELINE_AXIS, Layout, Partial
 from trainverify_dsl.spec import optim
 
 #: Gradient statements with a meaning on accumulated gradients (§4.5).
 GRAD_SYNC_KINDS = {"all-reduce": "all_reduce", "reduce-scatter": "reduce_scatter"}
-#: The axis whose coordinate is the pipeline stage (docs/language.md: `pipeline-stage N`
-#: assigns modules to pp rank N).
-PIPELINE_AXIS = "pp"
 
 
 def source_of(origin: Any) -> Source:

@@ -90,9 +90,9 @@ class OracleResult:
 def _prepare(path: Path, folder: Path, seed: int, timeout: float) -> RankJob:
     """Resolve, build, lower (here, once: the ranks are forked from this process), draw the
     values and run the reference step. Raises ``LoweringError`` / ``OracleError``."""
+    from trainverify_dsl.api import prepare, resolve_plan
     from trainverify_dsl.lower.lowering import lower
     from trainverify_dsl.oracle.reference import draw_values, reference_step
-    from trainverify_dsl.simulate.setup import prepare, resolve_plan
 
     plan = resolve_plan(path)
     if plan.mesh is None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from trainverify_dsl.plan import messages, vocab
 from trainverify_dsl.plan.model import (
+    PIPELINE_AXIS,
     GlobSeg,
     IndexSeg,
     Layout,
@@ -57,9 +58,6 @@ def check_plan(plan: Plan, collector: Collector, project_root: Path) -> None:
 
 # ---------------------------------------------------------------- statements with no meaning
 
-#: The pipeline axis (docs/semantics.md Rule 1.2): it places modules, it never splits a tensor
-#: or forms a group.
-PIPELINE_AXIS = "pp"
 #: Gradient statements the lowering runs (docs/semantics.md §4.5).
 GRADIENT_KINDS = ("all-reduce", "reduce-scatter")
 

@@ -17,6 +17,11 @@ from math import prod
 
 from trainverify_dsl.report.span import Span
 
+#: The pipeline axis (docs/semantics.md Rule 1.2), the only axis name with a meaning: it
+#: places modules on stages (`pipeline-stage N` puts modules on its rank N), it never splits a
+#: tensor or forms a group.
+PIPELINE_AXIS = "pp"
+
 # ---------------------------------------------------------------- origins
 
 

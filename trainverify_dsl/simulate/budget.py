@@ -5,11 +5,7 @@ Plans come from pull requests and search tools, and ``tvp simulate`` runs in CI:
 an idle ``tp=1048576`` axis, or ``--no-shrink`` on an 8B model, must be refused in seconds with
 the estimate, not grow until the machine kills it.
 
-- **Idle axes.** A mesh axis that no statement uses (no split, partial, collective, ZeRO shard
-  or algorithm names it, and it is not the pipeline axis of a plan with stages) leaves every
-  rank along it computing exactly what its coordinate-0 rank computes: the program never reads
-  that coordinate. The simulation runs such an axis at size 1 and says so. (The full-size
-  layout pass, which does not unroll the mesh, has already run on the real sizes.)
+- **Idle axes** (``trainverify_dsl/shrink.py``) run at size 1 before anything is estimated.
 - **The estimate** of the bytes the interpreter holds, from the lowered program's types
   alone: for each stage, its ranks times the peak of its graph's live values
   (inputs held for the whole call, every other value freed after its last use); the largest
@@ -27,8 +23,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
 from trainverify_dsl.ir.graph import Graph
 from trainverify_dsl.ir.parallel import ParallelProgram
@@ -37,8 +32,6 @@ from trainverify_dsl.ir.types import TensorType
 
 #: The fraction of the machine's memory a simulation may plan to use by default.
 DEFAULT_FRACTION = 0.5
-#: The pipeline axis (docs/language.md: `pipeline-stage N` puts modules on pp rank N).
-PIPELINE_AXIS = "pp"
 
 
 def machine_memory() -> int:
@@ -70,42 +63,6 @@ def human(n: float) -> str:
             return f"{n:.3g} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     raise AssertionError
-
-
-# -- idle axes -------------------------------------------------------------------------------
-
-
-def used_axes(plan: Any) -> set[str]:
-    """Every mesh axis some statement of ``plan`` names."""
-    used: set[str] = set()
-    for layout in plan.layouts:
-        used.update(a for _, axes in layout.dim_axes for a in axes)
-        used.update(layout.partial_axes)
-    for st in plan.collectives:
-        used.update(st.axes)
-    for opt in (plan.optimizer, plan.spec_optimizer):
-        if opt is not None:
-            used.update(opt.shard_axes)
-    for alg in plan.algorithms:
-        used.update(alg.axes)
-    if plan.stages:
-        used.add(PIPELINE_AXIS)
-    return used
-
-
-def idle_axes(plan: Any) -> dict[str, int]:
-    """Mesh axes of size > 1 that no statement uses: ``{axis: its size}``."""
-    used = used_axes(plan)
-    return {a.name: a.size for a in plan.mesh.axes if a.size > 1 and a.name not in used}
-
-
-def without_idle_axes(plan: Any) -> tuple[Any, dict[str, int]]:
-    """``plan`` with its idle axes at size 1, and what they were."""
-    idle = idle_axes(plan)
-    if not idle:
-        return plan, {}
-    axes = tuple(replace(a, size=1) if a.name in idle else a for a in plan.mesh.axes)
-    return replace(plan, mesh=replace(plan.mesh, axes=axes)), idle
 
 
 # -- the estimate ----------------------------------------------------------------------------

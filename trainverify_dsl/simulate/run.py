@@ -101,23 +101,6 @@ def rel_error(got: np.ndarray, want: np.ndarray, floor: float = 1e-12) -> float:
 # -- random values --------------------------------------------------------------------------
 
 
-def spec_optimizer(plan: Any) -> optim.Optimizer | None:
-    """The reference step's optimizer: the plan's ``spec-optimizer`` recipe, or ``None``."""
-    opt = plan.spec_optimizer
-    return None if opt is None else optim.optimizer_config(opt.kind, dict(opt.hyper))
-
-
-def accumulated_gradients(lowered: Any, values: Mapping[str, np.ndarray]
-                          ) -> tuple[dict[tuple[int, int], float], dict[int, dict[str, Any]]]:
-    """The plan side before gradient statements: local losses by ``(rank, microbatch)`` and
-    every rank's accumulated parameter gradients (IR, numpy). The torch twin is
-    ``simulate.eager``."""
-    from trainverify_dsl.lower.program import parallel_program
-
-    out = evaluate_parallel(parallel_program(lowered), values, step=False)
-    return out.losses, out.grads
-
-
 def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Generator
                   ) -> dict[str, np.ndarray]:
     """Parameters ~ N(0, 0.5²), states positive where they must be (Adam's v), token ids in

@@ -40,10 +40,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from trainverify_dsl.plan.model import Plan
+from trainverify_dsl.plan.model import PIPELINE_AXIS, Plan
 
 #: Widths at or below this are simulated as they are (unless shrinking is forced).
 SMALL = 128
@@ -316,8 +316,8 @@ def plan_divisibilities(plan: Plan, binding: Any, points: Mapping[str, tuple[int
     """Every divisibility the plan imposes on the probe model ``binding`` is bound to (module
     docstring, step 1): split parameter and input dimensions, ZeRO blocks, and dimensions
     collectives split or gather at module boundaries (``points``: boundary -> probe shape)."""
-    from trainverify_dsl.lower.bind import PLACEMENT_AXES
     from trainverify_dsl.ir.layout import MICROBATCH_AXIS
+    from trainverify_dsl.lower.bind import PLACEMENT_AXES
     from trainverify_dsl.lower.lowering import input_sizes
 
     sizes = input_sizes(plan)
@@ -479,3 +479,41 @@ def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) 
     return Shrunk({k: v for k, v in overrides.items() if config.get(k) != v},
                   widths["batch"], widths["seq"], widths, full, tuple(rules))
 
+
+# -- idle axes (issue 13, item 2): a mesh axis that no statement uses (no split, partial,
+# collective, ZeRO shard or algorithm names it, and it is not the pipeline axis of a plan with
+# stages) leaves every rank along it computing exactly what its coordinate-0 rank computes; the
+# simulation runs it at size 1 and says so. The full-size layout pass has run on the real sizes.
+
+
+def used_axes(plan: Any) -> set[str]:
+    """Every mesh axis some statement of ``plan`` names."""
+    used: set[str] = set()
+    for layout in plan.layouts:
+        used.update(a for _, axes in layout.dim_axes for a in axes)
+        used.update(layout.partial_axes)
+    for st in plan.collectives:
+        used.update(st.axes)
+    for opt in (plan.optimizer, plan.spec_optimizer):
+        if opt is not None:
+            used.update(opt.shard_axes)
+    for alg in plan.algorithms:
+        used.update(alg.axes)
+    if plan.stages:
+        used.add(PIPELINE_AXIS)
+    return used
+
+
+def idle_axes(plan: Any) -> dict[str, int]:
+    """Mesh axes of size > 1 that no statement uses: ``{axis: its size}``."""
+    used = used_axes(plan)
+    return {a.name: a.size for a in plan.mesh.axes if a.size > 1 and a.name not in used}
+
+
+def without_idle_axes(plan: Any) -> tuple[Any, dict[str, int]]:
+    """``plan`` with its idle axes at size 1, and what they were."""
+    idle = idle_axes(plan)
+    if not idle:
+        return plan, {}
+    axes = tuple(replace(a, size=1) if a.name in idle else a for a in plan.mesh.axes)
+    return replace(plan, mesh=replace(plan.mesh, axes=axes)), idle

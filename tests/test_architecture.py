@@ -1,0 +1,84 @@
+"""The pipeline's layering, read from the source (every ``import`` and ``from ... import`` of
+every module, lazy ones inside functions included): data flows one way, and a stage never
+reaches into a later one or into the drivers.
+
+    parse -> plan -> lower -> (ParallelProgram, in ir/) -> simulate / check
+    spec -> (reference step, in ir/)      api.py / shrink.py drive them; cli/ and oracle/ on top
+
+``ir/`` importing no torch is checked by executing it (``tests/test_parallel_program.py``);
+here: who may import whom.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "trainverify_dsl"
+
+#: For each part of the package, the parts it must never import.
+FORBIDDEN = {
+    "ir": {"parse", "plan", "spec", "lower", "simulate", "check", "api", "shrink", "cli",
+           "oracle"},
+    "check": {"parse", "plan", "spec", "lower", "simulate", "api", "shrink", "cli", "oracle"},
+    "simulate": {"parse", "plan", "lower", "check", "api", "shrink", "cli", "oracle"},
+    "lower": {"simulate", "check", "api", "shrink", "cli", "oracle"},
+    "spec": {"parse", "plan", "lower", "simulate", "check", "api", "shrink", "cli", "oracle"},
+    "plan": {"lower", "simulate", "check", "spec", "api", "shrink", "cli", "oracle"},
+    "parse": {"plan", "lower", "simulate", "check", "spec", "api", "shrink", "cli", "oracle"},
+    "api": {"cli", "oracle", "check"},
+    "shrink": {"cli", "oracle", "check", "simulate", "api"},
+}
+
+
+def _part(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """``(line, imported part)`` for every import of a ``trainverify_dsl`` module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "trainverify_dsl" and len(parts) > 1:
+                found.append((node.lineno, parts[1]))
+    return found
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_part_is_classified() -> None:
+    parts = {_part(p) for p in MODULES} - {"__init__", "__main__", "resources", "report"}
+    assert parts <= set(FORBIDDEN) | {"cli", "oracle"}, parts - set(FORBIDDEN)
+
+
+@pytest.mark.parametrize("part", sorted(FORBIDDEN))
+def test_no_import_against_the_flow(part: str) -> None:
+    bad = [f"{p.relative_to(PACKAGE)}:{line} imports trainverify_dsl.{name}"
+           for p in MODULES if _part(p) == part
+           for line, name in _imports(p) if name in FORBIDDEN[part]]
+    assert bad == []
+
+
+def test_the_checker_reads_nothing_but_ir_and_the_vocabulary() -> None:
+    allowed = {"ir", "report", "check"}
+    bad = [f"{p.relative_to(PACKAGE)}:{line} imports {name}" for p in MODULES
+           if _part(p) == "check" for line, name in _imports(p) if name not in allowed]
+    assert bad == []
+
+
+def test_a_wrong_import_is_seen(tmp_path: Path) -> None:
+    """The scan sees lazy imports inside functions (negative control)."""
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from trainverify_dsl.lower.bind import x\n")
+    assert _imports(source) == [(2, "lower"), (2, "lower")]

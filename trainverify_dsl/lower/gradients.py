@@ -130,7 +130,8 @@ class GradientTracker:
                         f"{item.statement.target}` sums a gradient that is already complete "
                         f"over {', '.join(item.sums)}: it multiplies it by "
                         f"{math.prod(self.sizes[a] for a in item.sums)}",
-                        item.statement.origin, str(item.statement.target)))
+                        item.statement.origin, str(item.statement.target),
+                        _unsummed_backward(item.statement)))
                 passed = {a: s for a, s in mine.items() if a not in summed}
                 _merge(cot, item.source, passed)
                 continue
@@ -262,3 +263,26 @@ def _merge(cot: dict[Any, Partial], node: Any, contribution: Partial) -> None:
     target = cot.setdefault(node, {})
     for axis, span in contribution.items():
         target.setdefault(axis, span)
+
+
+#: The backward that passes a complete cotangent on without summing it, for a backward that
+#: sums (docs/semantics.md §3.3), with the Megatron function that does so.
+_NOT_SUMMING = {
+    "all-reduce": ("identity", "as Megatron's `reduce_from_tensor_model_parallel_region`"),
+    "reduce-scatter": ("scatter", "Megatron's `gather_from_tensor_model_parallel_region`, "
+                       "used by `ColumnParallelLinear(gather_output=True)`, splits the "
+                       "gradient"),
+}
+
+
+def _unsummed_backward(statement: Any) -> str | None:
+    """The help of a backward that sums a complete gradient: which ``backward`` to write."""
+    alt = _NOT_SUMMING.get(statement.backward)
+    if alt is None:
+        return None
+    kind, counterpart = alt
+    if statement.kind == "copy":
+        return (f"nothing after `copy {statement.target}` is split over the group, so its "
+                f"gradient is complete on every rank: remove the `copy`, or write `backward "
+                f"{kind}`")
+    return f"write `backward {kind}` on this statement ({counterpart})"

@@ -82,3 +82,32 @@ def test_a_wrong_import_is_seen(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from trainverify_dsl.lower.bind import x\n")
     assert _imports(source) == [(2, "lower"), (2, "lower")]
+
+
+def test_the_collective_table_is_the_language_s() -> None:
+    """One table of collective semantics (``ir/collectives.py``): the grammar's statement
+    keywords, the plan's default backwards and the lowering's IR ops all come from it."""
+    from trainverify_dsl.ir.collectives import COLLECTIVES, STATEMENTS
+    from trainverify_dsl.ir.ops import OPS
+    from trainverify_dsl.parse.ast import COLLECTIVE_KINDS
+    from trainverify_dsl.plan.model import DEFAULT_BACKWARD
+
+    assert set(STATEMENTS) == set(COLLECTIVE_KINDS)
+    assert DEFAULT_BACKWARD == {k: COLLECTIVES[k].default_backward for k in STATEMENTS}
+    for c in COLLECTIVES.values():
+        assert c.ir_op is None and c.kind == "identity" or OPS[c.ir_op].collective, c
+        assert c.default_backward in COLLECTIVES
+    # the backwards that sum cotangents are exactly the reductions
+    assert {k for k, c in COLLECTIVES.items() if c.sums} == {"all-reduce", "reduce-scatter"}
+
+
+def test_tvp_lint_does_not_import_numpy_or_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from trainverify_dsl.cli.main import main; "
+            "main(['lint', 'plans/mlp_tiny_dp.tvp']); "
+            "print(sorted(m for m in ('numpy', 'torch') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr

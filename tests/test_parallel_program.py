@@ -2,8 +2,9 @@
 
 - ``ir/`` imports no torch and no project package but the span vocabulary;
 - the program of every small shipped plan verifies, and its canonical text (stage graphs
-  included; the reference step's is in ``tests/test_reference_golden.py``) is golden (``tests/golden/parallel/``; regenerate with
-  ``python tests/test_parallel_program.py --update`` and review the diff);
+  included; the reference step's is in ``tests/test_reference_golden.py``) is golden
+  (``tests/golden/parallel/``; regenerate with ``python tests/test_parallel_program.py
+  --update`` and review the diff);
 - the verifier catches broken programs (a missing transfer, a reduction over the pipeline axis
   of a parameter one stage holds, an update at the wrong shape);
 - the reference step's optimizer is the plan's `spec-optimizer`: a plan whose optimizer differs is a

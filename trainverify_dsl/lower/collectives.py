@@ -47,10 +47,11 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import Tensor
 
+from trainverify_dsl.ir.collectives import COLLECTIVES
 from trainverify_dsl.ir.mesh import MeshGroups
 
-KINDS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
-                          "scatter", "identity")
+#: The local-program kinds, from the one table of collective semantics (``ir/collectives.py``).
+KINDS: tuple[str, ...] = tuple(dict.fromkeys(c.kind for c in COLLECTIVES.values()))
 BACKWARDS: tuple[str, ...] = KINDS + ("none",)
 REDUCE_OPS: tuple[str, ...] = ("sum", "avg", "max", "min")
 

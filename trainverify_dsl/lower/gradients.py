@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from trainverify_dsl.ir.collectives import COLLECTIVES
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout
 from trainverify_dsl.lower.findings import Finding
 from trainverify_dsl.report.span import Span
@@ -265,24 +266,14 @@ def _merge(cot: dict[Any, Partial], node: Any, contribution: Partial) -> None:
         target.setdefault(axis, span)
 
 
-#: The backward that passes a complete cotangent on without summing it, for a backward that
-#: sums (docs/semantics.md §3.3), with the Megatron function that does so.
-_NOT_SUMMING = {
-    "all-reduce": ("identity", "as Megatron's `reduce_from_tensor_model_parallel_region`"),
-    "reduce-scatter": ("scatter", "Megatron's `gather_from_tensor_model_parallel_region`, "
-                       "used by `ColumnParallelLinear(gather_output=True)`, splits the "
-                       "gradient"),
-}
-
-
 def _unsummed_backward(statement: Any) -> str | None:
-    """The help of a backward that sums a complete gradient: which ``backward`` to write."""
-    alt = _NOT_SUMMING.get(statement.backward)
+    """The help of a backward that sums a complete gradient: which ``backward`` to write
+    (``ir.collectives``: each collective's backward for a complete cotangent)."""
+    alt = COLLECTIVES[statement.kind].complete_backward
     if alt is None:
         return None
-    kind, counterpart = alt
+    kind, why = alt
     if statement.kind == "copy":
-        return (f"nothing after `copy {statement.target}` is split over the group, so its "
-                f"gradient is complete on every rank: remove the `copy`, or write `backward "
-                f"{kind}`")
-    return f"write `backward {kind}` on this statement ({counterpart})"
+        return (f"{why}, so the gradient of `copy {statement.target}` is complete on every "
+                f"rank: remove the `copy`, or write `backward {kind}`")
+    return f"write `backward {kind}` on this statement ({why})"

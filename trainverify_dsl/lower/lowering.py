@@ -31,13 +31,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainverify_dsl.ir.collectives import COLLECTIVES, kind_of, layout_after
 from trainverify_dsl.ir.layout import (
     MICROBATCH_AXIS,
-    Factor,
     LayoutError,
     TLayout,
-    append_axes,
-    normalize_dim,
 )
 from trainverify_dsl.lower import algorithms, collectives  # noqa: F401 - registers tvp.collective
 from trainverify_dsl.lower.bind import Binding, bind_plan, resolve_indices
@@ -45,12 +43,8 @@ from trainverify_dsl.lower.capture import MARK, Captured, capture_forward, modul
 from trainverify_dsl.lower.findings import Finding, LoweringError, latest, merge_repeats
 from trainverify_dsl.lower.gradients import GradientTracker
 from trainverify_dsl.lower.rules import RULES, Result
-from trainverify_dsl.plan.model import Collective, Plan
+from trainverify_dsl.plan.model import PIPELINE_AXIS, Collective, Plan
 from trainverify_dsl.spec.convert import packet_name
-
-COLLECTIVE_KIND = {"all-reduce": "all_reduce", "all-gather": "all_gather",
-                   "reduce-scatter": "reduce_scatter", "all-to-all": "all_to_all",
-                   "scatter": "scatter", "copy": "identity", "identity": "identity"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,14 +481,14 @@ class _Lowering:
         axes = st.axes
         n = math.prod(self.sizes[a] for a in axes)
         span = st.origin
-        kind = COLLECTIVE_KIND[st.kind]
+        kind = kind_of(st.kind)
         rank = lay.rank
         dim = _norm(st.dim if st.dim is not None else (st.split_dim or 0), rank)
         dim2 = _norm(st.concat_dim, rank) if st.concat_dim is not None else -1
         op = st.op or "sum"
-        backward = COLLECTIVE_KIND.get(st.backward, st.backward.replace("-", "_"))
-        new_lay, problems = collective_layout(kind, st.op or "sum", axes, dim, dim2, lay,
-                                              self.sizes)
+        backward = kind_of(st.backward)
+        new_lay, problems = layout_after(st.kind, st.op or "sum", axes, dim, dim2, lay,
+                                         self.sizes)
         for code, message in problems:
             self.findings.append(Finding(code, f"{st.kind} {point} over {', '.join(axes)}: "
                                          f"{message}", span, point))
@@ -571,8 +565,7 @@ class _Lowering:
 
 def st_sums(statement: Collective) -> tuple[str, ...]:
     """The axes whose cotangent the statement's backward sums (all-reduce, reduce-scatter)."""
-    return tuple(statement.axes) if statement.backward in ("all-reduce", "reduce-scatter") \
-        else ()
+    return tuple(statement.axes) if COLLECTIVES[statement.backward].sums else ()
 
 
 def _floating(node: Any) -> bool:
@@ -600,74 +593,11 @@ def _opaque(shape: Any) -> TLayout:
     return TLayout.replicated(tuple(shape))
 
 
-def collective_layout(kind: str, op: str, axes: tuple[str, ...], dim: int, dim2: int,
-                      lay: TLayout, sizes: Mapping[str, int]
-                      ) -> tuple[TLayout, list[tuple[str, str]]]:
-    """The layout after a collective and what is wrong with applying it to ``lay``."""
-    problems: list[tuple[str, str]] = []
-    partial_axes = set(lay.partial[1]) if lay.partial else set()
-    sharded = lay.shard_axes()
-    dims = list(lay.dims)
-    if kind in ("all_reduce", "reduce_scatter"):
-        for a in axes:
-            if a in sharded:
-                problems.append(("collective-mismatch", f"the tensor is split over {a}: the "
-                                 "reduction adds pieces of different slices"))
-            elif a not in partial_axes and op == "sum":
-                problems.append(("collective-mismatch", f"the tensor is not partial over {a}: "
-                                 f"every copy is added, multiplying it by {sizes[a]}"))
-        if lay.partial and op == "avg" and lay.partial[0] == "sum" and \
-                partial_axes & set(axes):
-            problems.append(("collective-mismatch",
-                             "op=avg divides a partial sum by the group size"))
-        if lay.partial and lay.partial[0] == "max" and op != "max":
-            problems.append(("collective-mismatch", f"op={op} of a partial max"))
-        left = tuple(a for a in (lay.partial[1] if lay.partial else ()) if a not in axes)
-        partial = (lay.partial[0], left) if left and lay.partial else None
-        if kind == "reduce_scatter":
-            dims[dim] = append_axes(dims[dim], axes)
-        return TLayout(tuple(dims), partial, lay.const, lay.cause), problems
-    if kind == "all_gather":
-        if lay.partial and partial_axes & set(axes):
-            problems.append(("collective-mismatch", "the tensor is a partial sum: all-gather "
-                             "concatenates the summands instead of adding them"))
-        dims[dim], problem = _remove_axes(dims[dim], axes)
-        if problem:
-            problems.append(("collective-mismatch", problem))
-        return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems
-    if kind == "all_to_all":
-        dims[dim2], problem = _remove_axes(dims[dim2], axes)
-        if problem:
-            problems.append(("collective-mismatch", problem.replace("gather", "all-to-all concat")))
-        dims[dim] = append_axes(dims[dim], axes)
-        return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems
-    if kind == "scatter":
-        if any(a in sharded for a in axes):
-            problems.append(("collective-mismatch",
-                             "scatter of a tensor already split over the axis"))
-        dims[dim] = append_axes(dims[dim], axes)
-        return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems
-    return lay, problems  # identity (copy)
-
-
-def _remove_axes(dim: tuple[Factor, ...], axes: tuple[str, ...]
-                 ) -> tuple[tuple[Factor, ...], str | None]:
-    factors = list(normalize_dim(dim))
-    for i, f in enumerate(factors):
-        if set(axes) <= set(f.axes):
-            if f.axes[-len(axes):] != tuple(axes):
-                return dim, (f"the dimension is split over {', '.join(f.axes)}: gathering over "
-                             f"{', '.join(axes)} concatenates the blocks in the wrong order")
-            factors[i] = Factor(f.size, f.axes[:-len(axes)])
-            return tuple(factors), None
-    return dim, f"the dimension is not split over {', '.join(axes)}: gathering repeats it"
-
-
 def claim_problem(claim: Any, lay: TLayout, sizes: Mapping[str, int]) -> str | None:
     """Why the derived layout ``lay`` contradicts a layout statement, or ``None``."""
     want = claim.layout
     for axis in sizes:
-        if axis == MICROBATCH_AXIS or axis == "pp":
+        if axis == MICROBATCH_AXIS or axis == PIPELINE_AXIS:
             continue
         placement = want.placement(axis)
         kind = type(placement).__name__

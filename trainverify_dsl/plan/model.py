@@ -15,6 +15,7 @@ from fnmatch import fnmatchcase
 from fractions import Fraction
 from math import prod
 
+from trainverify_dsl.ir.collectives import COLLECTIVES, STATEMENTS
 from trainverify_dsl.report.span import Span
 
 #: The pipeline axis (docs/semantics.md Rule 1.2), the only axis name with a meaning: it
@@ -382,15 +383,8 @@ class Collective:
     origin: Origin
 
 
-#: Megatron defaults of each collective's backward (docs/language.md, "Collectives").
-DEFAULT_BACKWARD: dict[str, str] = {
-    "all-reduce": "identity",
-    "all-gather": "reduce-scatter",
-    "reduce-scatter": "all-gather",
-    "all-to-all": "all-to-all",
-    "copy": "all-reduce",
-    "scatter": "all-gather",
-}
+#: Each collective's default backward (docs/semantics.md §3.2, §3.5), from the one table.
+DEFAULT_BACKWARD: dict[str, str] = {k: COLLECTIVES[k].default_backward for k in STATEMENTS}
 
 
 @dataclass(frozen=True, slots=True)

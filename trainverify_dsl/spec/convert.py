@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from trainverify_dsl.ir.collectives import IR_OPS
 from trainverify_dsl.ir.graph import GraphBuilder, Origin
 from trainverify_dsl.ir.types import TensorType, is_float
 
@@ -607,10 +608,9 @@ def _sort(cx: Ctx, a: dict[str, Any]) -> tuple[Callable[[], V], ...]:
 
 # -- collectives of lowered local programs (trainverify_dsl.lower.collectives) -------------------
 
-#: ``tvp.collective`` kind -> IR op (the IR's ``scatter`` is the index op, hence ``local_scatter``)
-_COLLECTIVE_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather",
-                   "reduce_scatter": "reduce_scatter", "all_to_all": "all_to_all",
-                   "scatter": "local_scatter"}
+#: ``tvp.collective`` kind -> IR op (``ir/collectives.py``; the IR's ``scatter`` is the index op,
+#: hence ``local_scatter``)
+_COLLECTIVE_OPS = IR_OPS
 
 
 @converts("tvp.collective")

@@ -238,3 +238,30 @@ def test_params_names_every_parameter_and_no_input_or_loss(tmp_path: Path) -> No
     assert "x" in lw.binding.data_layouts and lw.binding.data_layouts["x"].dim_axes
     assert set(lw.binding.param_layouts) == set(lw.binding.params)
     assert "loss" not in lw.binding.claims
+
+
+def test_the_batch_order_is_megatron_s_sampler_order(tmp_path: Path) -> None:
+    """Rule 4.1: the batch is cut into microbatches first, then over the batch axes, so
+    microbatch m of data-parallel rank k holds rows m*B/M + k*B/(N*M) + i (Megatron's
+    MegatronPretrainingSampler), read through the binding's layout of the input."""
+    import numpy as np
+
+    from trainverify_dsl.ir.layout import MICROBATCH_AXIS, take_local
+
+    path = write(tmp_path, """
+        split x [dp, -, -]
+        split target [dp, -, -]
+        all-reduce grad(params) over dp op=avg
+        """, mesh="mesh dp=2\nmicrobatches 2")
+    lw = lowered(path)
+    shape = lw.binding.data["x"]
+    batch, per_row = shape[0], int(np.prod(shape[1:]))
+    lay = lw.binding.data_layout("x", shape, lw.sizes)
+    rows = np.arange(batch * per_row).reshape(shape)
+    n, m_count = 2, 2
+    for k in range(n):
+        for m in range(m_count):
+            local = take_local(rows, lay, {"dp": k, MICROBATCH_AXIS: m}, lw.sizes)
+            got = (local.reshape(local.shape[0], -1)[:, 0] // per_row).tolist()
+            step = batch // (n * m_count)
+            assert got == [m * (batch // m_count) + k * step + i for i in range(step)], (k, m)

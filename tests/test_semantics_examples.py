@@ -304,20 +304,20 @@ def test_megatron_mlp_defaults_match_autograd_and_backward_allreduce_is_tp_times
 def test_global_batch_index_of_a_microbatch():
     batch, dp, mb = 8, 2, 2
     rows = torch.arange(batch)
-    for d in range(dp):
-        local = rows.chunk(dp)[d]  # split [dp, -]
-        for m in range(mb):
-            micro = local.chunk(mb)[m]
-            expected = [d * (batch // dp) + m * (batch // (dp * mb)) + i for i in range(2)]
-            assert micro.tolist() == expected
+    for m in range(mb):
+        micro = rows.chunk(mb)[m]  # microbatches first (Megatron's sampler), then split [dp, -]
+        for d in range(dp):
+            local = micro.chunk(dp)[d]
+            expected = [m * (batch // mb) + d * (batch // (dp * mb)) + i for i in range(2)]
+            assert local.tolist() == expected
 
 
 def test_linear_worked_example_loss_scaling():
     x = torch.arange(1.0, 9.0)  # loss = mean_b(w * x_b), w = 1: d loss / d w = mean(x) = 4.5
     local = {
-        (d, m): x[d * 4 + m * 2 : d * 4 + m * 2 + 2].mean() for d in range(2) for m in range(2)
+        (d, m): x[m * 4 + d * 2 : m * 4 + d * 2 + 2].mean() for d in range(2) for m in range(2)
     }
-    assert [local[k].item() for k in sorted(local)] == [1.5, 3.5, 5.5, 7.5]
+    assert [local[k].item() for k in sorted(local)] == [1.5, 5.5, 3.5, 7.5]
 
     def synced(scale, op):
         acc = [scale * (local[(d, 0)] + local[(d, 1)]) for d in range(2)]
@@ -348,7 +348,7 @@ def dp_mb_step(params, x, target, *, dp, mb, scale, op):
     for d in range(dp):
         local = [p.detach().clone().requires_grad_() for p in params]  # replicated params
         for m in range(mb):
-            start = d * (x.shape[0] // dp) + m * rows
+            start = m * (x.shape[0] // mb) + d * rows
             loss = mlp_loss(local, x[start : start + rows], target[start : start + rows])
             loss.backward(torch.tensor(scale))  # accumulates into .grad
             losses.append(loss.detach())

@@ -333,7 +333,7 @@ def plan_divisibilities(plan: Plan, binding: Any, points: Mapping[str, tuple[int
         for d, size in enumerate(shape):
             split = axes(layout.axes_of_dim(d)) if layout else ()
             if batch and d == 0 and sizes[MICROBATCH_AXIS] > 1:
-                split += ((MICROBATCH_AXIS, sizes[MICROBATCH_AXIS]),)
+                split = ((MICROBATCH_AXIS, sizes[MICROBATCH_AXIS]),) + split
             if split:
                 rules.append(_rule(size, split, probe, primes, source=f"{name} dimension {d}"))
     rules += _zero_blocks(plan, binding, axes, probe, primes)

@@ -5,7 +5,8 @@ and the mesh axes that split it into equal blocks (docs/semantics.md §2.1, axes
 first outermost). A plain dimension is one factor; a reshape that merges dimensions concatenates
 their factors, so ``[b, h]`` split over ``dp`` and ``tp`` merges into one ``b*h`` dimension whose
 local piece is still exactly described (it is no longer one contiguous block, but its lineage
-is). ``@mb`` is the microbatch pseudo-axis: innermost on the batch dimension (Rule 4.1).
+is). ``@mb`` is the microbatch pseudo-axis: outermost on the batch dimension (Rule 4.1, Megatron's
+sampler order).
 
 ``partial`` is ``(op, axes)`` when the local pieces must be combined with ``op`` over the
 group along ``axes`` to give the spec value (§2.2). ``const`` marks values computed from

@@ -85,7 +85,7 @@ class Binding:
             axes = tuple(a for a in (layout.axes_of_dim(d) if layout else ())
                          if a not in PLACEMENT_AXES and sizes.get(a, 1) > 1)
             if batch and d == 0 and sizes.get(MICROBATCH_AXIS, 1) > 1:
-                axes = axes + (MICROBATCH_AXIS,)
+                axes = (MICROBATCH_AXIS,) + axes  # microbatch-major (Rule 4.1)
             dims.append((Factor(int(n), axes),))
         return TLayout(tuple(dims))
 

@@ -161,7 +161,7 @@ def claimed_layout(claim: Layout, derived: TLayout, sizes: Mapping[str, int]) ->
         axes = tuple(a for a in claim.axes_of_dim(d)
                      if a != PIPELINE_AXIS and sizes.get(a, 1) > 1)
         if any(MICROBATCH_AXIS in f.axes for f in dim):
-            axes += (MICROBATCH_AXIS,)
+            axes = (MICROBATCH_AXIS,) + axes  # microbatch-major (Rule 4.1)
         dims.append((Factor(size, axes),))
     partial = None
     if claim.partial_axes:

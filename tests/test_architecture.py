@@ -111,3 +111,21 @@ def test_tvp_lint_does_not_import_numpy_or_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True,
                           text=True, timeout=120)
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
+
+
+def test_every_algorithm_a_plan_can_name_is_registered() -> None:
+    """`tvp lint` knows the names (``plan/vocab.py``); the lowering's registry
+    (``lower/algorithms.py: ALGORITHMS``) defines each, with its section of the semantics."""
+    from trainverify_dsl.lower.algorithms import ALGORITHMS
+    from trainverify_dsl.plan import vocab
+
+    assert set(ALGORITHMS) == set(vocab.ALGORITHMS)
+    semantics = (PACKAGE.parent / "docs" / "semantics.md").read_text()
+    for algorithm in ALGORITHMS.values():
+        assert algorithm.replaces in ("module", "loss")
+        assert f"### {algorithm.section[1:]} `{algorithm.name}`" in semantics, algorithm
+
+
+def test_algorithms_reach_the_lowering_only_through_their_context() -> None:
+    source = (PACKAGE / "lower" / "algorithms.py").read_text()
+    assert "_Lowering" not in source and "lw." not in source

@@ -4,7 +4,10 @@ Each algorithm is an ordinary torch function of local pieces (and the rank's gro
 ``k``), using ``tvp.collective`` for communication; it is traced with ``make_fx`` and inlined
 into the stage's local program in place of the named module's ops, so it is lowered,
 differentiated by AOTAutograd and checked like everything else — never trusted
-(docs/semantics.md §7). The registry ``ALGORITHMS`` maps a plan name to its definition.
+(docs/semantics.md §7). The registry ``ALGORITHMS`` maps a plan name to its definition: what it
+replaces (a module's output, or the loss) and how it is lowered, through the narrow
+``Context`` the lowering hands it (marked points, parameters, layouts, local values, the group
+index, inlining) — never the lowering's private state.
 
 - ``vocab-parallel-embedding`` (§7.1): lookup in this rank's vocabulary rows, zero elsewhere;
   the output is ``Partial(sum)`` over the axes.
@@ -24,18 +27,15 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from trainverify_dsl.ir.layout import MICROBATCH_AXIS, Factor, TLayout
+from trainverify_dsl.ir.layout import TLayout
 from trainverify_dsl.lower.capture import MARK, module_stack
 from trainverify_dsl.lower.findings import Finding, LoweringError
 from trainverify_dsl.spec.convert import packet_name
-
-if TYPE_CHECKING:
-    from trainverify_dsl.lower.lowering import _Lowering
 
 
 def _coll(x: torch.Tensor, kind: str, axes: tuple[str, ...], n: int, op: str = "sum",
@@ -122,11 +122,59 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return _coll(partial, "all_reduce", axes, n) + bias
 
 
+# -- what an algorithm sees of the lowering -------------------------------------------------
+
+
+class Context(Protocol):
+    """The lowering, as an algorithm sees it (``lowering._AlgorithmContext``)."""
+
+    #: the fake-tensor mode the stage's values live in
+    fake_mode: Any
+    #: the ops outside every module that compute the loss from the output head's ``.out``
+    loss_region: set[torch.fx.Node]
+
+    def sites(self) -> list[Site]: ...
+    def mark(self, point: str) -> torch.fx.Node | None: ...
+    def param(self, name: str) -> torch.fx.Node | None: ...
+    def layout(self, node: torch.fx.Node) -> TLayout: ...
+    def local(self, node: torch.fx.Node) -> torch.fx.Node: ...
+    def group(self, axes: tuple[str, ...]) -> tuple[torch.fx.Node, int]: ...
+    def emit(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+    def submodule(self, path: str) -> torch.nn.Module: ...
+    def collectives_at(self, point: str) -> list[Any]: ...
+    def is_data_input(self, node: torch.fx.Node) -> bool: ...
+    def report(self, finding: Finding) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """One module an ``algorithm`` statement names."""
+    name: str
+    module: str
+    axes: tuple[str, ...]
+    #: the ``algorithm`` statement's plan origin
+    origin: Any
+
+
+Lower = Callable[[Context, Site], tuple[torch.fx.Node, TLayout]]
+
+
+@dataclass(frozen=True, slots=True)
+class Algorithm:
+    name: str
+    #: where its meaning is written down (docs/semantics.md)
+    section: str
+    #: ``module``: it replaces the named module's ops and gives its ``.out``; ``loss``: it
+    #: replaces the loss computation after the named module (the output head)
+    replaces: str
+    lower: Lower
+
+
 # -- inlining ------------------------------------------------------------------------------
 
 
-def inline(lw: _Lowering, fn: Callable[..., torch.Tensor],
-           inputs: list[torch.fx.Node]) -> torch.fx.Node:
+def inline(cx: Context, fn: Callable[..., torch.Tensor],
+           inputs: list[Any]) -> torch.fx.Node:
     """Trace ``fn`` on the fake values of ``inputs`` and emit its ops into the current stage."""
     from torch._decomp import core_aten_decompositions
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -136,7 +184,7 @@ def inline(lw: _Lowering, fn: Callable[..., torch.Tensor],
     # Core ATen decomposes detach into alias, which is differentiable once AOTAutograd traces
     # the local program: keep detach (the vocab-parallel max must not carry a gradient).
     table.pop(torch.ops.aten.detach.default, None)
-    with lw.mode:
+    with cx.fake_mode:
         traced = make_fx(fn, decomposition_table=table)(*values)
     env: dict[torch.fx.Node, Any] = {}
     feed = iter(inputs)
@@ -147,7 +195,7 @@ def inline(lw: _Lowering, fn: Callable[..., torch.Tensor],
         elif node.op == "call_function":
             args = torch.fx.node.map_arg(node.args, lambda a: env[a])
             kwargs = torch.fx.node.map_arg(dict(node.kwargs), lambda a: env[a])
-            env[node] = lw.emit(node.target, args, kwargs)
+            env[node] = cx.emit(node.target, args, kwargs)
         elif node.op == "output":
             result = torch.fx.node.map_arg(node.args[0], lambda a: env[a])
         else:
@@ -157,44 +205,206 @@ def inline(lw: _Lowering, fn: Callable[..., torch.Tensor],
     return result
 
 
+def _mark(cx: Context, point: str) -> torch.fx.Node:
+    node = cx.mark(point)
+    if node is None:
+        raise LoweringError(Finding("unbound-name", f"the spec model never passes through "
+                                    f"`{point}`", None, point))
+    return node
+
+
+def _not_applicable(site: Site, why: str) -> LoweringError:
+    return LoweringError(Finding("algorithm-not-applicable", f"`{site.name}` cannot be applied to "
+                                 f"`{site.module}`: {why}", site.origin, site.module))
+
+
+# -- the definitions -----------------------------------------------------------------------
+
+
+def _lower_vocab_embedding(cx: Context, site: Site) -> tuple[torch.fx.Node, TLayout]:
+    out_mark = _mark(cx, f"{site.module}.out")
+    inside = [n for n in out_mark.graph.nodes if n.op == "call_function"
+              and site.module in module_stack(n) and packet_name(n.target) != MARK]
+    lookup = next((n for n in inside if packet_name(n.target) == "aten.embedding"), None)
+    if lookup is None:
+        raise _not_applicable(site, "it performs no embedding lookup")
+    table, ids = lookup.args[0], lookup.args[1]
+    k, _ = cx.group(site.axes)
+    lay_table = cx.layout(table)
+    if lay_table.dim_axes(0) != site.axes:
+        raise _not_applicable(site, f"its table is split as {lay_table.describe()}, not "
+                                    f"over {', '.join(site.axes)} along the vocabulary")
+    out = inline(cx, vocab_parallel_embedding, [cx.local(table), cx.local(ids), k])
+    lay = TLayout(cx.layout(ids).dims + (lay_table.dims[1],)).with_partial(
+        ("sum", site.axes), site.origin)
+    return out, lay
+
+
+def _lower_expert_parallel(cx: Context, site: Site) -> tuple[torch.fx.Node, TLayout]:
+    module = site.module
+    x = _mark(cx, f"{module}.in")
+    weights = _mark(cx, f"{module}.in#1")
+    names = [f"{module}.{w}" for w in ("w1", "w2", "w3")]
+    params = [cx.param(p) for p in names]
+    if any(p is None for p in params):
+        raise _not_applicable(site, "it has no stacked expert weights w1, w2, w3")
+    experts = params[0].meta["val"].shape[0]  # type: ignore[union-attr]
+    _, n = cx.group(site.axes)
+    for name, p in zip(names, params, strict=True):
+        if cx.layout(p).dim_axes(0) != site.axes:  # type: ignore[arg-type]
+            raise _not_applicable(site, f"`{name}` is not split over "
+                                        f"{', '.join(site.axes)} along the experts")
+    axes = site.axes
+
+    def run(x: torch.Tensor, w: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+            w3: torch.Tensor) -> torch.Tensor:
+        return expert_parallel(x, w, w1, w2, w3, axes, n, experts)
+
+    inputs = [cx.local(x), cx.local(weights)] + [cx.local(p) for p in params]  # type: ignore
+    return inline(cx, run, inputs), cx.layout(x)
+
+
+def _lower_context_parallel(cx: Context, site: Site) -> tuple[torch.fx.Node, TLayout]:
+    module = site.module
+    x = _mark(cx, f"{module}.in")
+    cos, sin = _mark(cx, f"{module}.in#1"), _mark(cx, f"{module}.in#2")
+    names = [f"{module}.{w}.weight" for w in ("wq", "wk", "wv", "wo")]
+    params = [cx.param(w) for w in names]
+    target = cx.submodule(module)
+    helpers = inspect.getmodule(type(target))
+    needed = ("apply_rope", "split_heads", "repeat_kv", "merge_heads")
+    if any(p is None for p in params) or not hasattr(target, "scale") or \
+            not all(hasattr(helpers, h) for h in needed):
+        raise _not_applicable(site, "it is not a Llama attention (wq, wk, wv, wo, scale, and "
+                                    "the RoPE and head helpers of stdlib/models/common.py)")
+    x_lay = cx.layout(x)
+    if x_lay.rank != 3 or x_lay.dim_axes(1) != site.axes:
+        raise _not_applicable(site, f"its input must be split over {', '.join(site.axes)} "
+                                    f"along the sequence; it is {x_lay.describe()}")
+    k, n = cx.group(site.axes)
+    axes, scale = site.axes, float(target.scale)
+
+    def run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, wq: torch.Tensor,
+            wk: torch.Tensor, wv: torch.Tensor, wo: torch.Tensor, k: torch.Tensor
+            ) -> torch.Tensor:
+        return context_parallel_attention(x, cos, sin, wq, wk, wv, wo, k, axes, n, scale,
+                                          helpers)
+
+    inputs = [cx.local(v) for v in (x, cos, sin)] + [cx.local(p) for p in params] + [k]  # type: ignore
+    out = inline(cx, run, inputs)
+    wo_lay = cx.layout(params[3])  # type: ignore[arg-type]
+    dims = x_lay.dims[:2] + (wo_lay.dims[0],)
+    split_in = tuple(a for a in wo_lay.dim_axes(1))
+    lay = TLayout(dims).with_partial(("sum", split_in), site.origin) if split_in else TLayout(dims)
+    return out, lay
+
+
+def _lower_row_parallel(cx: Context, site: Site) -> tuple[torch.fx.Node, TLayout]:
+    module = site.module
+    x = _mark(cx, f"{module}.in")
+    weight, bias = cx.param(f"{module}.weight"), cx.param(f"{module}.bias")
+    if weight is None or bias is None:
+        raise _not_applicable(site, "it is not a linear layer with a weight and a bias")
+    if cx.layout(weight).dim_axes(1) != site.axes or cx.layout(bias).shard_axes():
+        raise _not_applicable(site, f"its weight must be split over "
+                                    f"{', '.join(site.axes)} by input columns "
+                                    f"(`split {module}.weight [-, axis]`) and its bias "
+                                    "whole")
+    x_lay = cx.layout(x)
+    if x_lay.dim_axes(x_lay.rank - 1) != site.axes:
+        raise _not_applicable(site, f"its input must be split over "
+                                    f"{', '.join(site.axes)} on the last dimension; it is "
+                                    f"{x_lay.describe()}")
+    _, n = cx.group(site.axes)
+    axes = site.axes
+
+    def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return row_parallel_linear(x, w, b, axes, n)
+
+    out = inline(cx, run, [cx.local(x), cx.local(weight), cx.local(bias)])
+    dims = x_lay.dims[:-1] + (cx.layout(weight).dims[0],)
+    return out, TLayout(dims, None, False)
+
+
+def _lower_vocab_cross_entropy(cx: Context, site: Site) -> tuple[torch.fx.Node, TLayout]:
+    logits_mark = _mark(cx, f"{site.module}.out")
+    labels = _data_ancestor(cx, cx.loss_region)
+    if labels is None:
+        raise _not_applicable(site, "the loss reads no label input")
+    logits_lay = cx.layout(logits_mark)
+    if logits_lay.dim_axes(logits_lay.rank - 1) != site.axes:
+        # blamed on a collective at the logits that changed their layout (an all-gather of
+        # vocab-split logits), the algorithm's line when there is none
+        at_logits = cx.collectives_at(f"{site.module}.out")
+        blamed = at_logits[-1].origin if at_logits else None
+        cx.report(Finding(
+            "algorithm-not-applicable", "vocab-parallel-cross-entropy expects the logits split "
+            f"over {', '.join(site.axes)} along the vocabulary; they are {logits_lay.describe()}",
+            blamed or site.origin, site.module,
+            notes=(f"the algorithm is applied at {site.origin.report_span}",)
+            if blamed else ()))
+    k, n = cx.group(site.axes)
+    axes = site.axes
+
+    def run(z: torch.Tensor, y: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(z, y, k, axes, n)
+
+    out = inline(cx, run, [cx.local(logits_mark), cx.local(labels), k])
+    label_lay = cx.layout(labels)
+    data_axes = tuple(a for f in label_lay.dims[0] for a in f.axes)
+    seq_axes = tuple(a for d in label_lay.dims[1:] for f in d for a in f.axes)
+    mean_axes = data_axes + seq_axes
+    lay = TLayout(()).with_partial(("avg", mean_axes), site.origin) if mean_axes else TLayout(())
+    return out, lay
+
+
+def _data_ancestor(cx: Context, region: set[torch.fx.Node]) -> torch.fx.Node | None:
+    """The model input the loss computation reads (the labels)."""
+    seen: set[torch.fx.Node] = set()
+    todo = [n for r in region for n in r.all_input_nodes if n not in region]
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.op == "placeholder":
+            if cx.is_data_input(node):
+                return node
+            continue
+        if not module_stack(node):
+            todo.extend(node.all_input_nodes)
+    return None
+
+
+#: Every algorithm a plan can name (``plan/vocab.py`` lists the same names for `tvp lint`).
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
+    Algorithm("vocab-parallel-embedding", "§7.1", "module", _lower_vocab_embedding),
+    Algorithm("vocab-parallel-cross-entropy", "§7.2", "loss", _lower_vocab_cross_entropy),
+    Algorithm("context-parallel-attention", "§7.4", "module", _lower_context_parallel),
+    Algorithm("expert-parallel", "§7.5", "module", _lower_expert_parallel),
+    Algorithm("row-parallel-linear", "§7.6", "module", _lower_row_parallel),
+)}
+
+
 # -- hooks the lowering calls ---------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Site:
-    name: str
-    module: str
-    axes: tuple[str, ...]
-    #: the ``algorithm`` statement's plan origin
-    origin: Any
+def _replacing(cx: Context, what: str) -> list[Site]:
+    """The sites of algorithms replacing ``what`` (a ``loss`` target only marks the loss)."""
+    sites = [s for s in cx.sites() if s.module != "loss"]
+    for s in sites:
+        if s.name not in ALGORITHMS:
+            raise _not_applicable(s, "this algorithm is not implemented by the lowering yet")
+    return [s for s in sites if ALGORITHMS[s.name].replaces == what]
 
 
-def _sites(lw: _Lowering) -> list[_Site]:
-    return [_Site(alg.name, path, alg.axes, alg.origin)
-            for alg, paths in lw.binding.algorithms for path in paths]
-
-
-def skipped_nodes(lw: _Lowering, graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """Original nodes an algorithm replaces: inside its module, or the loss computation."""
-    modules = {s.module for s in _sites(lw)
-               if s.module != "loss" and s.name != "vocab-parallel-cross-entropy"}
-    skipped = {n for n in graph.nodes if n.op == "call_function" and
-               packet_name(n.target) != MARK and any(path in modules for path in module_stack(n))}
-    return skipped | lw.loss_region
-
-
-def _ce_site(lw: _Lowering) -> _Site | None:
-    return next((s for s in _sites(lw) if s.name == "vocab-parallel-cross-entropy"
-                 and s.module != "loss"), None)
-
-
-def loss_region(lw: _Lowering, graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """The loss computation the vocab-parallel cross-entropy replaces: ops outside every
-    module that depend on the output head's ``.out`` (empty without that algorithm)."""
-    site = _ce_site(lw)
+def loss_region(cx: Context, graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The loss computation a loss algorithm replaces: ops outside every module that depend on
+    the named module's ``.out`` (empty without such an algorithm)."""
+    site = next(iter(_replacing(cx, "loss")), None)
     if site is None:
         return set()
-    start = _mark_node(lw, f"{site.module}.out")
+    start = _mark(cx, f"{site.module}.out")
     region: set[torch.fx.Node] = set()
     reached = {start}
     for node in graph.nodes:
@@ -205,189 +415,28 @@ def loss_region(lw: _Lowering, graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return region
 
 
-def _mark_node(lw: _Lowering, point: str) -> torch.fx.Node:
-    if point in lw.marks:
-        return lw.marks[point]
-    raise LoweringError(Finding("unbound-name", f"the spec model never passes through `{point}`",
-                                None, point))
+def skipped_nodes(cx: Context, graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Original nodes an algorithm replaces: inside its module, or the loss computation."""
+    modules = {s.module for s in _replacing(cx, "module")}
+    skipped = {n for n in graph.nodes if n.op == "call_function" and
+               packet_name(n.target) != MARK and any(path in modules for path in module_stack(n))}
+    return skipped | cx.loss_region
 
 
-def _group(lw: _Lowering, axes: tuple[str, ...]) -> tuple[torch.fx.Node, int]:
-    n = 1
-    for a in axes:
-        n *= lw.sizes[a]
-    return lw.group_index(axes), n
-
-
-def module_output(lw: _Lowering, point: str) -> tuple[torch.fx.Node, TLayout] | None:
+def module_output(cx: Context, point: str) -> tuple[torch.fx.Node, TLayout] | None:
     """The algorithm's local output for ``X.out`` of an algorithm module, else ``None``."""
-    module = point.rsplit(".", 1)[0]
     if not point.endswith(".out"):
         return None
-    site = next((s for s in _sites(lw) if s.module == module), None)
-    if site is None or site.name == "vocab-parallel-cross-entropy":
-        return None
-    graph = lw.cap.gm.graph
-    inside = [n for n in graph.nodes if n.op == "call_function" and module in module_stack(n)
-              and packet_name(n.target) != MARK]
-    if site.name == "vocab-parallel-embedding":
-        lookup = next((n for n in inside if packet_name(n.target) == "aten.embedding"), None)
-        if lookup is None:
-            raise _not_applicable(site, "it performs no embedding lookup")
-        table, ids = lookup.args[0], lookup.args[1]
-        k, n = _group(lw, site.axes)
-        lay_table = lw.layouts[table]
-        if lay_table.dim_axes(0) != site.axes:
-            raise _not_applicable(site, f"its table is split as {lay_table.describe()}, not "
-                                        f"over {', '.join(site.axes)} along the vocabulary")
-        out = inline(lw, vocab_parallel_embedding,
-                     [lw.value(lw.stage, table), lw.value(lw.stage, ids), k])
-        ids_lay = lw.layouts[ids]
-        lay = TLayout(ids_lay.dims + (lay_table.dims[1],)).with_partial(("sum", site.axes),
-                                                                       site.origin)
-        return out, lay
-    if site.name == "expert-parallel":
-        x = _mark_node(lw, f"{module}.in")
-        weights = _mark_node(lw, f"{module}.in#1")
-        params = [f"{module}.{w}" for w in ("w1", "w2", "w3")]
-        if not all(p in lw.param_nodes for p in params):
-            raise _not_applicable(site, "it has no stacked expert weights w1, w2, w3")
-        experts = lw.param_nodes[params[0]].meta["val"].shape[0]
-        _, n = _group(lw, site.axes)
-        for p in params:
-            if lw.layouts[lw.param_nodes[p]].dim_axes(0) != site.axes:
-                raise _not_applicable(site, f"`{p}` is not split over "
-                                            f"{', '.join(site.axes)} along the experts")
-        axes = site.axes
-
-        def run(x: torch.Tensor, w: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                w3: torch.Tensor) -> torch.Tensor:
-            return expert_parallel(x, w, w1, w2, w3, axes, n, experts)
-
-        inputs = [lw.value(lw.stage, x), lw.value(lw.stage, weights)] + \
-            [lw.value(lw.stage, lw.param_nodes[p]) for p in params]
-        return inline(lw, run, inputs), lw.layouts[x]
-    if site.name == "context-parallel-attention":
-        return _context_parallel(lw, site, module)
-    if site.name == "row-parallel-linear":
-        x = _mark_node(lw, f"{module}.in")
-        weight, bias = lw.param_nodes.get(f"{module}.weight"), lw.param_nodes.get(f"{module}.bias")
-        if weight is None or bias is None:
-            raise _not_applicable(site, "it is not a linear layer with a weight and a bias")
-        if lw.layouts[weight].dim_axes(1) != site.axes or lw.layouts[bias].shard_axes():
-            raise _not_applicable(site, f"its weight must be split over "
-                                        f"{', '.join(site.axes)} by input columns "
-                                        f"(`split {module}.weight [-, axis]`) and its bias "
-                                        "whole")
-        x_lay = lw.layouts[x]
-        if x_lay.dim_axes(x_lay.rank - 1) != site.axes:
-            raise _not_applicable(site, f"its input must be split over "
-                                        f"{', '.join(site.axes)} on the last dimension; it is "
-                                        f"{x_lay.describe()}")
-        _, n = _group(lw, site.axes)
-        axes = site.axes
-
-        def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            return row_parallel_linear(x, w, b, axes, n)
-
-        out = inline(lw, run, [lw.value(lw.stage, x), lw.value(lw.stage, weight),
-                               lw.value(lw.stage, bias)])
-        dims = x_lay.dims[:-1] + (lw.layouts[weight].dims[0],)
-        return out, TLayout(dims, None, False)
-    raise _not_applicable(site, "this algorithm is not implemented by the lowering yet")
+    module = point.rsplit(".", 1)[0]
+    site = next((s for s in _replacing(cx, "module") if s.module == module), None)
+    return None if site is None else ALGORITHMS[site.name].lower(cx, site)
 
 
-def _context_parallel(lw: _Lowering, site: _Site, module: str) -> tuple[torch.fx.Node, TLayout]:
-    x = _mark_node(lw, f"{module}.in")
-    cos, sin = _mark_node(lw, f"{module}.in#1"), _mark_node(lw, f"{module}.in#2")
-    names = [f"{module}.{w}.weight" for w in ("wq", "wk", "wv", "wo")]
-    target = lw.model.get_submodule(module)
-    helpers = inspect.getmodule(type(target))
-    needed = ("apply_rope", "split_heads", "repeat_kv", "merge_heads")
-    if not all(n in lw.param_nodes for n in names) or not hasattr(target, "scale") or \
-            not all(hasattr(helpers, h) for h in needed):
-        raise _not_applicable(site, "it is not a Llama attention (wq, wk, wv, wo, scale, and "
-                                    "the RoPE and head helpers of stdlib/models/common.py)")
-    x_lay = lw.layouts[x]
-    if x_lay.rank != 3 or x_lay.dim_axes(1) != site.axes:
-        raise _not_applicable(site, f"its input must be split over {', '.join(site.axes)} "
-                                    f"along the sequence; it is {x_lay.describe()}")
-    k, n = _group(lw, site.axes)
-    axes, scale = site.axes, float(target.scale)
-
-    def run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, wq: torch.Tensor,
-            wk: torch.Tensor, wv: torch.Tensor, wo: torch.Tensor, k: torch.Tensor
-            ) -> torch.Tensor:
-        return context_parallel_attention(x, cos, sin, wq, wk, wv, wo, k, axes, n, scale,
-                                          helpers)
-
-    inputs = [lw.value(lw.stage, v) for v in (x, cos, sin)] + \
-        [lw.value(lw.stage, lw.param_nodes[w]) for w in names] + [k]
-    out = inline(lw, run, inputs)
-    wo_lay = lw.layouts[lw.param_nodes[names[3]]]
-    dims = x_lay.dims[:2] + (wo_lay.dims[0],)
-    split_in = tuple(a for a in wo_lay.dim_axes(1))
-    lay = TLayout(dims).with_partial(("sum", split_in), site.origin) if split_in else TLayout(dims)
-    return out, lay
+def loss_replacement(cx: Context) -> tuple[torch.fx.Node, TLayout] | None:
+    """The loss algorithm's local loss, else ``None``."""
+    site = next(iter(_replacing(cx, "loss")), None)
+    return None if site is None else ALGORITHMS[site.name].lower(cx, site)
 
 
-def loss_replacement(lw: _Lowering, loss: torch.fx.Node) -> tuple[torch.fx.Node, TLayout] | None:
-    site = _ce_site(lw)
-    if site is None:
-        return None
-    logits_mark = _mark_node(lw, f"{site.module}.out")
-    region = lw.loss_region
-    labels = _data_ancestor(lw, region)
-    if labels is None:
-        raise _not_applicable(site, "the loss reads no label input")
-    logits_lay = lw.layouts[logits_mark]
-    if logits_lay.dim_axes(logits_lay.rank - 1) != site.axes:
-        # blamed on a collective at the logits that changed their layout (an all-gather of
-        # vocab-split logits), the algorithm's line when there is none
-        at_logits = lw.binding.collectives_at(f"{site.module}.out")
-        blamed = at_logits[-1].origin if at_logits else None
-        lw.findings.append(Finding(
-            "algorithm-not-applicable", "vocab-parallel-cross-entropy expects the logits split "
-            f"over {', '.join(site.axes)} along the vocabulary; they are {logits_lay.describe()}",
-            blamed or site.origin, site.module,
-            notes=(f"the algorithm is applied at {site.origin.report_span}",)
-            if blamed else ()))
-    k, n = _group(lw, site.axes)
-    axes = site.axes
-
-    def run(z: torch.Tensor, y: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(z, y, k, axes, n)
-
-    out = inline(lw, run, [lw.value(lw.stage, logits_mark), lw.value(lw.stage, labels), k])
-    data_axes = tuple(a for f in lw.layouts[labels].dims[0] for a in f.axes)
-    seq_axes = tuple(a for d in lw.layouts[labels].dims[1:] for f in d for a in f.axes)
-    mean_axes = data_axes + seq_axes
-    lay = TLayout(()).with_partial(("avg", mean_axes), site.origin) if mean_axes else TLayout(())
-    return out, lay
-
-
-def _data_ancestor(lw: _Lowering, region: set[torch.fx.Node]) -> torch.fx.Node | None:
-    """The model input the loss computation reads (the labels)."""
-    seen: set[torch.fx.Node] = set()
-    todo = [n for r in region for n in r.all_input_nodes if n not in region]
-    while todo:
-        node = todo.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        if node.op == "placeholder":
-            if lw.cap.placeholders[node.name][0] == "data":
-                return node
-            continue
-        if not module_stack(node):
-            todo.extend(node.all_input_nodes)
-    return None
-
-
-def _not_applicable(site: _Site, why: str) -> LoweringError:
-    return LoweringError(Finding("algorithm-not-applicable", f"`{site.name}` cannot be applied to "
-                                 f"`{site.module}`: {why}", site.origin, site.module))
-
-
-__all__ = ["Factor", "MICROBATCH_AXIS", "expert_parallel", "row_parallel_linear",
-           "vocab_parallel_cross_entropy", "vocab_parallel_embedding"]
+__all__ = ["ALGORITHMS", "Algorithm", "Context", "Site", "expert_parallel",
+           "row_parallel_linear", "vocab_parallel_cross_entropy", "vocab_parallel_embedding"]

@@ -97,6 +97,49 @@ class _New:
         self.node = node
 
 
+class _AlgorithmContext:
+    """What an algorithm sees of the lowering (``algorithms.Context``): nothing else."""
+
+    def __init__(self, lw: _Lowering) -> None:
+        self._lw = lw
+        self.fake_mode = lw.mode
+        self.loss_region: set[torch.fx.Node] = set()
+
+    def sites(self) -> list[algorithms.Site]:
+        return [algorithms.Site(alg.name, path, alg.axes, alg.origin)
+                for alg, paths in self._lw.binding.algorithms for path in paths]
+
+    def mark(self, point: str) -> torch.fx.Node | None:
+        return self._lw.marks.get(point)
+
+    def param(self, name: str) -> torch.fx.Node | None:
+        return self._lw.param_nodes.get(name)
+
+    def layout(self, node: torch.fx.Node) -> TLayout:
+        return self._lw.layouts[node]
+
+    def local(self, node: Any) -> Any:
+        return self._lw.value(self._lw.stage, node)
+
+    def group(self, axes: tuple[str, ...]) -> tuple[torch.fx.Node, int]:
+        return self._lw.group_index(axes), math.prod(self._lw.sizes[a] for a in axes)
+
+    def emit(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self._lw.emit(target, args, kwargs)
+
+    def submodule(self, path: str) -> nn.Module:
+        return self._lw.model.get_submodule(path)
+
+    def collectives_at(self, point: str) -> list[Any]:
+        return list(self._lw.binding.collectives_at(point))
+
+    def is_data_input(self, node: torch.fx.Node) -> bool:
+        return self._lw.cap.placeholders[node.name][0] == "data"
+
+    def report(self, finding: Finding) -> None:
+        self._lw.findings.append(finding)
+
+
 class _Lowering:
     def __init__(self, plan: Plan, model: nn.Module, binding: Binding, captured: Captured,
                  sizes: dict[str, int]) -> None:
@@ -277,8 +320,10 @@ class _Lowering:
             elif node.op == "call_function" and packet_name(node.target) == MARK:
                 self.marks.setdefault(node.args[1], node)
         self._assign_stages(graph)
-        self.loss_region = algorithms.loss_region(self, graph)
-        self.skip = algorithms.skipped_nodes(self, graph)
+        self.algorithm_context = _AlgorithmContext(self)
+        self.loss_region = algorithms.loss_region(self.algorithm_context, graph)
+        self.algorithm_context.loss_region = self.loss_region
+        self.skip = algorithms.skipped_nodes(self.algorithm_context, graph)
         for node in graph.nodes:
             if node.op == "call_function" and self.stage_of.get(node) is not None \
                     and node not in self.skip:
@@ -447,7 +492,7 @@ class _Lowering:
         module, _, side = point.rpartition(".")
         if side.startswith("in"):
             self.entered.setdefault(module, self.order)
-        replaced = algorithms.module_output(self, point)
+        replaced = algorithms.module_output(self.algorithm_context, point)
         if replaced is not None:
             value, lay = replaced
         else:
@@ -523,7 +568,7 @@ class _Lowering:
                 f"stage {loss_stage}, where its operands are (docs/semantics.md Rule 5.1)",
                 self.binding.stage_span(listed), "loss"))
         self.stage = loss_stage
-        final = algorithms.loss_replacement(self, loss)
+        final = algorithms.loss_replacement(self.algorithm_context)
         if final is None:
             final = self.value(loss_stage, loss)
             lay = self.layouts[loss]

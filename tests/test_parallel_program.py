@@ -205,7 +205,10 @@ if __name__ == "__main__" and "--update" in sys.argv:
 # -- rank-batched evaluation equals rank-by-rank evaluation ------------------------------------
 
 
-@pytest.mark.parametrize("name", ["llama_tiny_cp", "deepseek_tiny_ep", "deepseek_tiny_pp"])
+#: the DeepSeek plans take about 10 s each: `slow` (the fast loop keeps context parallelism)
+@pytest.mark.parametrize("name", ["llama_tiny_cp",
+                                  pytest.param("deepseek_tiny_ep", marks=pytest.mark.slow),
+                                  pytest.param("deepseek_tiny_pp", marks=pytest.mark.slow)])
 def test_rank_batched_evaluation_equals_rank_by_rank(name: str) -> None:
     import numpy as np
 

@@ -55,7 +55,8 @@ def test_reference_step_matches_golden(name: str) -> None:
     assert (GOLDEN / f"{name}.txt").read_text() == format_program(step.program)
 
 
-@pytest.mark.parametrize("name", ("llama_tiny_tp", "deepseek_tiny_pp"))
+@pytest.mark.parametrize("name", ("llama_tiny_tp",
+                                  pytest.param("deepseek_tiny_pp", marks=pytest.mark.slow)))
 def test_golden_form_computes_what_simulate_evaluates(name: str) -> None:
     """The golden (calls of one layer body) and the flat trace ``tvp simulate`` evaluates are
     the same step: equal outputs on the same random values."""

@@ -15,6 +15,7 @@ the ``Plan``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -234,8 +235,18 @@ class ShrinkingLostDivisibility(RuntimeError):
     never a finding about the plan (an internal error, exit 2)."""
 
 
+#: Called with the name of each phase of a long command as it starts (the CLI shows it on a
+#: terminal, ``cli/progress.py``); the drivers never print.
+Progress = Callable[[str], None]
+
+
+def _quiet(phase: str) -> None:
+    del phase
+
+
 def simulate_programs(program: ParallelProgram, reference: Any,
-                     reference_opt: Any, model: Any, seed: int = 0) -> SimulationResult:
+                      reference_opt: Any, model: Any, seed: int = 0,
+                      progress: Progress = _quiet) -> SimulationResult:
     """Both programs on the same random values (``seed``), then the named checks."""
     problems = parallel_problems(program)
     if problems:
@@ -243,28 +254,34 @@ def simulate_programs(program: ParallelProgram, reference: Any,
     rng = np.random.default_rng(seed)
     values = random_inputs(reference.program.inputs, model, rng)
     plan_states(program, values, rng)
+    progress("evaluating the reference step")
     want = reference.evaluate(values)
     # the reference IR against eager torch first: a verdict on a wrong reference is no verdict
+    progress("checking the reference step against eager torch")
     data = [g.name for g in reference.program.inputs if g.kind == "data"]
     check_reference(want, model, values, data, reference_opt, TOLERANCE, FLOOR)
+    progress(f"evaluating the parallel program on {program.world_size:,} ranks and comparing")
     return compare_programs(program, want, values, reference_opt)
 
 
 def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None,
                   allow_model_outside_root: bool = False,
-                  stop_on_errors: bool = True, max_memory: int | None = None
-                  ) -> SimulationResult:
+                  stop_on_errors: bool = True, max_memory: int | None = None,
+                  progress: Progress = _quiet) -> SimulationResult:
     """Raises ``SimulationSetupError`` (with diagnostics when the plan has errors at full
     size, or its estimated memory exceeds ``max_memory`` bytes: TVP501) or ``SpecError``.
     ``shrink``: ``None`` shrinks large models, ``True`` always, ``False`` never
     (``prepare``). ``allow_model_outside_root``: see ``prepare``. ``stop_on_errors=False``
     simulates a plan with full-size errors too (tests measure what a wrong plan computes); its
     ``findings`` then hold the errors. ``max_memory``: the budget in bytes (default: half of
-    the machine's memory, ``simulate.budget``). Mesh axes no statement uses run at size 1."""
+    the machine's memory, ``simulate.budget``). Mesh axes no statement uses run at size 1.
+    ``progress`` is told each phase as it starts."""
+    progress("layout pass at full size")
     findings = layout_diagnostics(path, allow_model_outside_root=allow_model_outside_root)
     errors = [d for d in findings if d.severity is Severity.ERROR]
     if errors and stop_on_errors:
         raise SimulationSetupError(findings)
+    progress("shrinking the model's widths")
     setup: SimulationSetup = prepare(path, shrink=shrink, real=False,
                                      allow_model_outside_root=allow_model_outside_root)
     setup.plan, idle = without_idle_axes(setup.plan)
@@ -276,6 +293,7 @@ def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None
 
     reference_opt = spec_optimizer(setup.plan)
     shrunk = bool(setup.overrides)
+    progress("lowering the plan to its parallel program")
     try:
         lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
     except LoweringError as error:
@@ -289,13 +307,15 @@ def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None
         raise ShrinkingLostDivisibility(f"the shrunk plan (sizes {setup.overrides}) has "
                                         f"findings the full-size plan has not: {message}")
     program = parallel_program(lowered)
+    progress("tracing the reference step")
     spec = trace_training_step(setup.fake_model, setup.input_specs, reference_opt, reuse=False,
                                points=reference_points(program))
     budget = default_budget() if max_memory is None else max_memory
     need = estimate(program, [g.type for g in spec.program.inputs], spec.program)
     if need.bytes > budget:
         raise SimulationSetupError([over_budget(setup.plan, need, budget, shrunk)])
-    result = simulate_programs(program, spec, reference_opt, setup.build_real(), seed)
+    result = simulate_programs(program, spec, reference_opt, setup.build_real(), seed,
+                               progress)
     result.sizes = dict(setup.overrides)
     result.idle_axes = idle
     result.estimated_bytes = need.bytes

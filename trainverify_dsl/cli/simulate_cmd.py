@@ -252,14 +252,16 @@ def simulate(args: argparse.Namespace) -> Outcome:
 
 def _simulate(args: argparse.Namespace) -> Outcome:
     from trainverify_dsl.api import SimulationSetupError, at_spec_line, simulate_file
+    from trainverify_dsl.cli.progress import phases
     from trainverify_dsl.simulate.torch_step import ReferenceDisagrees
     from trainverify_dsl.spec.errors import SpecError
 
     try:
-        result = simulate_file(args.plan, seed=args.seed,
-                               shrink=False if args.no_shrink else None,
-                               allow_model_outside_root=args.allow_model_outside_root,
-                               max_memory=args.max_memory)
+        with phases(args.format == "text") as progress:
+            result = simulate_file(args.plan, seed=args.seed,
+                                   shrink=False if args.no_shrink else None,
+                                   allow_model_outside_root=args.allow_model_outside_root,
+                                   max_memory=args.max_memory, progress=progress)
     except SimulationSetupError as error:
         if not error.diagnostics:
             return Outcome(USAGE_ERROR, EXIT_USAGE, error=str(error))

@@ -1,0 +1,39 @@
+"""Progress of long commands on a terminal: one rich status line naming the phase running and
+the time spent so far. Nothing at all when stderr is not a terminal (a pipe, CI logs) or the
+output is machine-readable (``--format json``): the drivers report phases through a plain
+callback (``api.Progress``) and only this module knows about rich."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import TextIO
+
+
+@contextlib.contextmanager
+def phases(enabled: bool, stream: TextIO | None = None, *,
+           force_terminal: bool | None = None) -> Iterator[Callable[[str], None]]:
+    """Yield the callback a driver calls with each phase's name; shown as a rich status on
+    ``stream`` (stderr) when ``enabled`` and the stream is a terminal."""
+    stream = stream or sys.stderr
+    terminal = force_terminal if force_terminal is not None else stream.isatty()
+    if not (enabled and terminal):
+        yield _ignore
+        return
+    from rich.console import Console
+
+    console = Console(file=stream, force_terminal=True, stderr=stream is sys.stderr)
+    start = time.perf_counter()
+    with console.status("starting") as status:
+        def show(phase: str) -> None:
+            status.update(f"{phase} [dim]({time.perf_counter() - start:.0f} s)[/dim]")
+        yield show
+
+
+def _ignore(phase: str) -> None:
+    del phase
+
+
+__all__ = ["phases"]

@@ -129,3 +129,14 @@ def test_every_algorithm_a_plan_can_name_is_registered() -> None:
 def test_algorithms_reach_the_lowering_only_through_their_context() -> None:
     source = (PACKAGE / "lower" / "algorithms.py").read_text()
     assert "_Lowering" not in source and "lw." not in source
+
+
+def test_lowering_findings_carry_registered_codes_not_strings() -> None:
+    """Typed like the plan's: every finding of the lowering is built with a code object from
+    the registry, so a misspelt code cannot wait until the finding fires."""
+    import re
+
+    pattern = re.compile(r"Finding\(\s*\"|finding\(\s*\"|_group\(\s*\"|code=\"")
+    bad = [f"{p.relative_to(PACKAGE)}:{n}" for p in (PACKAGE / "lower").glob("*.py")
+           for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert bad == []

@@ -68,7 +68,7 @@ def at_statement(finding: Finding, path: Path, statement: str) -> bool:
 def test_misspelt_parameter_in_a_split(tmp_path: Path) -> None:
     path = write(tmp_path, "split fc1.weihgt [tp, -]")
     (finding,) = errors(path)
-    assert finding.code in UNBOUND
+    assert finding.code.name in UNBOUND
     assert "`fc1.weihgt` names no parameter" in finding.message
     assert at_statement(finding, path, "split fc1.weihgt")
     assert finding.span.end_col > finding.span.col
@@ -78,7 +78,7 @@ def test_misspelt_parameter_in_a_split(tmp_path: Path) -> None:
 def test_unknown_module_in_a_parameter_name_suggests_the_closest(tmp_path: Path) -> None:
     path = write(tmp_path, "split fc3.weight [tp, -]")
     (finding,) = errors(path)
-    assert finding.code in UNBOUND
+    assert finding.code.name in UNBOUND
     assert "did you mean" in finding.help
     assert "`fc1.weight`" in finding.help and "`fc2.weight`" in finding.help
 
@@ -86,7 +86,7 @@ def test_unknown_module_in_a_parameter_name_suggests_the_closest(tmp_path: Path)
 def test_a_name_nothing_resembles_has_no_help(tmp_path: Path) -> None:
     path = write(tmp_path, "split zzzzzzzz [tp, -]")
     (finding,) = errors(path)
-    assert finding.code in UNBOUND and finding.help is None
+    assert finding.code.name in UNBOUND and finding.help is None
 
 
 def test_every_unknown_name_is_reported_in_statement_order(tmp_path: Path) -> None:
@@ -100,7 +100,7 @@ def test_every_unknown_name_is_reported_in_statement_order(tmp_path: Path) -> No
 def test_unknown_module_boundary_in_a_collective(tmp_path: Path) -> None:
     path = write(tmp_path, "all-reduce fc3.out over tp")
     (finding,) = errors(path)
-    assert finding.code in UNBOUND
+    assert finding.code.name in UNBOUND
     assert "`fc3.out` names no module boundary" in finding.message
     assert at_statement(finding, path, "all-reduce fc3.out")
     assert "`fc2.out`" in finding.help or "`fc1.out`" in finding.help
@@ -115,7 +115,7 @@ def test_misspelt_boundaries_in_collectives(tmp_path: Path, statement: str,
                                             suggestion: str) -> None:
     path = write(tmp_path, statement)
     (finding,) = errors(path)
-    assert finding.code in UNBOUND
+    assert finding.code.name in UNBOUND
     assert at_statement(finding, path, statement.split(" over")[0])
     assert suggestion in finding.help
 
@@ -129,7 +129,7 @@ def test_misspelt_boundaries_in_collectives(tmp_path: Path, statement: str,
 def test_gradient_patterns_that_select_nothing(tmp_path: Path, statement: str) -> None:
     path = write(tmp_path, statement)
     (finding,) = errors(path)
-    assert finding.code in UNBOUND
+    assert finding.code.name in UNBOUND
     assert "names no gradient" in finding.message
     assert at_statement(finding, path, statement.split(" [")[0].split(" over")[0])
     assert finding.help is not None and "grad(fc" in finding.help
@@ -146,7 +146,7 @@ def test_gradient_patterns_that_select_parameters(tmp_path: Path) -> None:
 def test_unknown_module_of_an_algorithm(tmp_path: Path) -> None:
     path = write(tmp_path, "algorithm vocab-parallel-embedding for embed over tp")
     (finding,) = errors(path)
-    assert finding.code in UNBOUND and "names no module" in finding.message
+    assert finding.code.name in UNBOUND and "names no module" in finding.message
     assert at_statement(finding, path, "algorithm")
 
 
@@ -156,7 +156,7 @@ def test_unknown_module_of_an_algorithm(tmp_path: Path) -> None:
 def test_split_not_dividing_a_parameter_dimension(tmp_path: Path) -> None:
     path = write(tmp_path, "split fc1.weight [tp, -]", mesh="mesh tp=3")
     (finding,) = errors(path)
-    assert finding.code in NOT_DIVISIBLE
+    assert finding.code.name in NOT_DIVISIBLE
     assert "`fc1.weight` dimension 0 has size 8, not divisible by tp (3)" in finding.message
     assert at_statement(finding, path, "split fc1.weight")
 
@@ -164,14 +164,14 @@ def test_split_not_dividing_a_parameter_dimension(tmp_path: Path) -> None:
 def test_split_over_two_axes_not_dividing(tmp_path: Path) -> None:
     path = write(tmp_path, "split fc2.weight [(dp, tp), -]", mesh="mesh dp=2, tp=4")
     (finding,) = errors(path)
-    assert finding.code in NOT_DIVISIBLE
+    assert finding.code.name in NOT_DIVISIBLE
     assert "size 4" in finding.message and "dp, tp (8)" in finding.message
 
 
 def test_batch_split_with_microbatches_not_dividing(tmp_path: Path) -> None:
     path = write(tmp_path, "microbatches 4\nsplit x [dp, -, -]\nsplit target [dp, -, -]")
     found = errors(path)
-    assert [f.code in NOT_DIVISIBLE for f in found] == [True, True]
+    assert [f.code.name in NOT_DIVISIBLE for f in found] == [True, True]
     assert "`x` dimension 0 has size 4, not divisible by dp x microbatches (8)" in \
         found[0].message
     assert at_statement(found[0], path, "split x") and at_statement(found[1], path,
@@ -181,7 +181,7 @@ def test_batch_split_with_microbatches_not_dividing(tmp_path: Path) -> None:
 def test_split_of_a_dimension_the_parameter_does_not_have(tmp_path: Path) -> None:
     path = write(tmp_path, "split fc1.weight [-, -, tp]")
     (finding,) = errors(path)
-    assert finding.code in NOT_DIVISIBLE | UNBOUND
+    assert finding.code.name in NOT_DIVISIBLE | UNBOUND
     assert "`fc1.weight` has 2 dimensions" in finding.message
     assert at_statement(finding, path, "split fc1.weight")
 
@@ -210,7 +210,7 @@ def test_partial_layout_on_a_parameter_or_input(tmp_path: Path, statement: str,
                                                 what: str) -> None:
     path = write(tmp_path, statement)
     (finding,) = errors(path)
-    assert finding.code in PARTIAL_INPUT
+    assert finding.code.name in PARTIAL_INPUT
     assert what in finding.message and "Rule 2.3" in finding.message
     assert at_statement(finding, path, statement.split(" ")[0])
 

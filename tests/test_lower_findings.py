@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from trainverify_dsl.lower.findings import Finding, merge_repeats
 from trainverify_dsl.plan.model import ExpansionSite, Origin
+from trainverify_dsl.report.codes import lookup
 from trainverify_dsl.report.span import Span
 
 PLAN = "plans/p.tvp"
@@ -20,24 +21,25 @@ SPLIT = Span(PLAN, 22, 5, 22, 40)
 
 def test_a_template_statement_is_reported_at_its_apply_line() -> None:
     origin = Origin(TEMPLATE, (ExpansionSite("apply", "column_parallel", APPLY),))
-    finding = Finding("collective-mismatch", "m", origin, "fc1.in")
+    finding = Finding(lookup("collective-mismatch"), "m", origin, "fc1.in")
     assert finding.span == APPLY
     assert finding.notes[0] == f"the statement is at {TEMPLATE}"
     assert f"in template column_parallel, applied at {APPLY}" in finding.notes
 
 
 def test_a_plan_statement_keeps_its_span_and_adds_no_note() -> None:
-    finding = Finding("partial-nonlinear", "m", Origin(SPLIT), "layers.0")
+    finding = Finding(lookup("partial-nonlinear"), "m", Origin(SPLIT), "layers.0")
     assert finding.span == SPLIT and finding.notes == ()
-    assert Finding("partial-nonlinear", "m", SPLIT, "x").span == SPLIT
+    assert Finding(lookup("partial-nonlinear"), "m", SPLIT, "x").span == SPLIT
 
 
 def test_repeats_at_one_statement_merge_into_one_finding_with_the_places() -> None:
-    found = [Finding("partial-nonlinear", f"op {i}", SPLIT, f"layers.{i}") for i in range(3)]
-    found.insert(1, Finding("mixed-partial", "add", SPLIT, "layers.0"))
-    found.append(Finding("partial-nonlinear", "elsewhere", APPLY, "head"))
+    nonlinear = lookup("partial-nonlinear")
+    found = [Finding(nonlinear, f"op {i}", SPLIT, f"layers.{i}") for i in range(3)]
+    found.insert(1, Finding(lookup("mixed-partial"), "add", SPLIT, "layers.0"))
+    found.append(Finding(lookup("partial-nonlinear"), "elsewhere", APPLY, "head"))
     merged = merge_repeats(found)
-    assert [(f.code, f.span) for f in merged] == [
+    assert [(f.code.name, f.span) for f in merged] == [
         ("partial-nonlinear", SPLIT), ("mixed-partial", SPLIT), ("partial-nonlinear", APPLY)]
     first = merged[0]
     assert first.message == "op 0" and first.where == "layers.0"
@@ -47,8 +49,9 @@ def test_repeats_at_one_statement_merge_into_one_finding_with_the_places() -> No
 
 
 def test_unlocated_findings_merge_only_when_identical() -> None:
-    found = [Finding("unbound-name", "a", None, ""), Finding("unbound-name", "b", None, ""),
-             Finding("unbound-name", "a", None, "")]
+    unbound = lookup("unbound-name")
+    found = [Finding(unbound, "a", None, ""), Finding(unbound, "b", None, ""),
+             Finding(unbound, "a", None, "")]
     assert [f.message for f in merge_repeats(found)] == ["a", "b"]
 
 

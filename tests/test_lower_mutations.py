@@ -82,14 +82,14 @@ class Subject:
         try:
             lowered = lower(plan, self.setup.fake_model, self.setup.fake_inputs)
         except LoweringError as error:
-            return False, {f.code for f in error.findings}
+            return False, {f.code.name for f in error.findings}
         from trainverify_dsl.api import simulate_programs
         from trainverify_dsl.lower.program import parallel_program
 
         program = parallel_program(lowered)
         result = simulate_programs(program, self.spec(sim.reference_points(program)),
                                    spec_optimizer(self.setup.plan), self.setup.real_model)
-        return result.agrees, {f.code for f in lowered.findings}
+        return result.agrees, {f.code.name for f in lowered.findings}
 
 
 #: llama_tiny_tp's mutations take over a minute: `slow` (the fast loop keeps the other two)

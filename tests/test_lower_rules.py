@@ -73,7 +73,7 @@ def lowered(path: Path) -> Lowered:
 
 
 def codes(lw: Lowered) -> list[str]:
-    return [f.code for f in lw.findings]
+    return [f.code.name for f in lw.findings]
 
 
 def bad_tensors(result) -> set[str]:
@@ -115,7 +115,7 @@ def test_row_parallel_without_the_all_reduce_differs(tmp_path: Path) -> None:
     path = write(tmp_path, "TwoLinear", "batch 4 seq 2\nmesh tp=2",
                  COLUMN_ROW.replace("all-reduce fc2.out over tp", ""))
     lw = lowered(path)
-    nonlinear = [f for f in lw.findings if f.code == "partial-nonlinear"]
+    nonlinear = [f for f in lw.findings if f.code.name == "partial-nonlinear"]
     assert nonlinear, lw.findings
     # the partial sum's cause is a split statement of this plan
     assert nonlinear[0].span is not None and Path(nonlinear[0].span.file) == path
@@ -169,7 +169,7 @@ def test_partial_sum_all_reduced_with_avg_is_a_collective_finding(tmp_path: Path
     path = write(tmp_path, "PoolNet", "batch 4 seq 2\nmesh tp=2",
                  POOL + "all-reduce pool.out over tp op=avg")
     lw = lowered(path)
-    found = [f for f in lw.findings if f.code in COLLECTIVE]
+    found = [f for f in lw.findings if f.code.name in COLLECTIVE]
     assert found and "op=avg divides a partial sum" in found[0].message
     assert found[0].span.line == line_of(path, "all-reduce pool.out")
     assert not simulate_file(path, stop_on_errors=False).agrees
@@ -265,7 +265,7 @@ def test_heads_not_divisible_by_tp_is_a_lowering_error(tmp_path: Path) -> None:
     with pytest.raises(LoweringError) as info:
         lowered(path)
     finding = info.value.findings[0]
-    assert finding.code in LAYOUT
+    assert finding.code.name in LAYOUT
     assert "not divisible by 4" in finding.message
     assert finding.span is not None and Path(finding.span.file) == path
 
@@ -275,7 +275,7 @@ def test_value_projection_left_unsplit_is_a_lowering_error(tmp_path: Path) -> No
     path = write(tmp_path, "AttnNet", "batch 2 seq 2\nmesh tp=2", body)
     with pytest.raises(LoweringError) as info:
         lowered(path)
-    assert info.value.findings[0].code in LAYOUT
+    assert info.value.findings[0].code.name in LAYOUT
 
 
 def test_attention_with_a_global_batch_of_one(tmp_path: Path) -> None:
@@ -381,7 +381,7 @@ def test_reduce_scatter_then_all_gather_of_a_row_parallel_output(tmp_path: Path,
     path = write(tmp_path, "TwoLinear", "batch 4 seq 2\nmesh tp=2", body)
     lw = lowered(path)
     # the backward layout pass sees the default reduce-scatter summing a complete cotangent
-    assert [f.code for f in lw.findings] == ([] if agrees else ["collective-mismatch"])
+    assert [f.code.name for f in lw.findings] == ([] if agrees else ["collective-mismatch"])
     assert lw.lineages["fc2.out"].describe() == "[4, 2, 4]"
     result = simulate_file(path, stop_on_errors=False)
     assert result.agrees is agrees, result.mismatches
@@ -402,7 +402,7 @@ def test_all_gather_instead_of_all_reduce_cannot_be_lowered(tmp_path: Path) -> N
     path = write(tmp_path, "TwoLinear", "batch 4 seq 2\nmesh tp=2", body)
     with pytest.raises(LoweringError) as info:
         lowered(path)
-    assert info.value.findings[0].code in LAYOUT
+    assert info.value.findings[0].code.name in LAYOUT
 
 
 # -- incompatible splits ------------------------------------------------------------------------
@@ -415,7 +415,7 @@ def test_incompatible_splits_raise_with_the_plan_line(tmp_path: Path) -> None:
     with pytest.raises(LoweringError) as info:
         lowered(path)
     finding = info.value.findings[0]
-    assert finding.code in LAYOUT
+    assert finding.code.name in LAYOUT
     assert "contracted dimension" in finding.message and "mm in fc2" in finding.message
     assert finding.where == "fc2"
     assert finding.span is not None
@@ -446,7 +446,7 @@ def test_all_reduce_of_a_complete_tensor_is_a_collective_finding(tmp_path: Path)
     path = write(tmp_path, "TwoLinear", "batch 4 seq 2\nmesh tp=2",
                  "all-reduce fc2.out over tp")
     lw = lowered(path)
-    found = [f for f in lw.findings if f.code in COLLECTIVE]
+    found = [f for f in lw.findings if f.code.name in COLLECTIVE]
     assert len(found) == 1
     assert "not partial over tp" in found[0].message and "by 2" in found[0].message
     assert found[0].span.line == line_of(path, "all-reduce fc2.out") and found[0].where == \
@@ -458,7 +458,7 @@ def test_all_reduce_of_a_split_tensor_is_a_collective_finding(tmp_path: Path) ->
     path = write(tmp_path, "TwoLinear", "batch 4 seq 2\nmesh tp=2",
                  COLUMN_ROW + "all-reduce fc1.out over tp")
     lw = lowered(path)
-    found = [f for f in lw.findings if f.code in COLLECTIVE]
+    found = [f for f in lw.findings if f.code.name in COLLECTIVE]
     assert found and "split over tp" in found[0].message
     assert found[0].span.line == line_of(path, "all-reduce fc1.out")
 
@@ -469,7 +469,7 @@ def test_claims_on_computed_tensors(tmp_path: Path) -> None:
     body = COLUMN_ROW + ("split fc1.out [tp, -, -]\nreplicate fc2.out\n")
     path = write(tmp_path, "TwoLinear", "batch 4 seq 2\nmesh tp=2", body)
     lw = lowered(path)
-    claims = [f for f in lw.findings if f.code in CLAIM]
+    claims = [f for f in lw.findings if f.code.name in CLAIM]
     assert len(claims) == 1
     assert claims[0].where == "fc1.out" and "dimension 0" in claims[0].message
     assert claims[0].span.line == line_of(path, "split fc1.out")
@@ -493,14 +493,14 @@ def test_true_claims_give_no_finding(tmp_path: Path) -> None:
 def test_partial_claim_on_a_complete_tensor(tmp_path: Path) -> None:
     path = write(tmp_path, "TwoLinear", "batch 4 seq 2\nmesh tp=2",
                  COLUMN_ROW + "partial fc2.out over tp")
-    claims = [f for f in lowered(path).findings if f.code in CLAIM]
+    claims = [f for f in lowered(path).findings if f.code.name in CLAIM]
     assert len(claims) == 1 and "complete over it" in claims[0].message
     assert claims[0].span.line == line_of(path, "partial fc2.out")
 
 
 def test_partial_sum_into_a_nonlinear_op_names_the_module(tmp_path: Path) -> None:
     path = write(tmp_path, "PoolNet", "batch 4 seq 2\nmesh tp=2", POOL)
-    found = [f for f in lowered(path).findings if f.code == "partial-nonlinear"]
+    found = [f for f in lowered(path).findings if f.code.name == "partial-nonlinear"]
     assert len(found) == 1
     assert "tanh" in found[0].message and "reduce it first" in found[0].message
     assert found[0].span.line == line_of(path, "split proj.weight")

@@ -44,8 +44,8 @@ def outcome(path: Path, shrink: bool) -> tuple[str, ...]:
     try:
         lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
     except LoweringError as error:
-        return tuple(sorted({f.code for f in error.findings}))
-    return tuple(sorted({f.code for f in lowered.findings}))
+        return tuple(sorted({f.code.name for f in error.findings}))
+    return tuple(sorted({f.code.name for f in lowered.findings}))
 
 
 @st.composite

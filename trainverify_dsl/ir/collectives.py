@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from trainverify_dsl.ir.layout import Dim, TLayout
 
-#: ``(code, message)`` pairs: what is wrong with applying a collective to a layout.
-Problems = list[tuple[str, str]]
+#: What is wrong with applying a collective to a layout (each a collective mismatch, TVP406).
+Problems = list[str]
 #: ``rule(op, axes, dim, dim2, layout, sizes) -> (layout after, problems)``
 LayoutRule = Callable[[str, tuple[str, ...], int, int, "TLayout", Mapping[str, int]],
                       tuple["TLayout", Problems]]
@@ -63,16 +63,15 @@ def _reduce(kind: str) -> LayoutRule:
         sharded = lay.shard_axes()
         for a in axes:
             if a in sharded:
-                problems.append(("collective-mismatch", f"the tensor is split over {a}: the "
-                                 "reduction adds pieces of different slices"))
+                problems.append(f"the tensor is split over {a}: the "
+                                "reduction adds pieces of different slices")
             elif a not in partial_axes and op == "sum":
-                problems.append(("collective-mismatch", f"the tensor is not partial over {a}: "
-                                 f"every copy is added, multiplying it by {sizes[a]}"))
+                problems.append(f"the tensor is not partial over {a}: "
+                                f"every copy is added, multiplying it by {sizes[a]}")
         if lay.partial and op == "avg" and lay.partial[0] == "sum" and partial_axes & set(axes):
-            problems.append(("collective-mismatch",
-                             "op=avg divides a partial sum by the group size"))
+            problems.append("op=avg divides a partial sum by the group size")
         if lay.partial and lay.partial[0] == "max" and op != "max":
-            problems.append(("collective-mismatch", f"op={op} of a partial max"))
+            problems.append(f"op={op} of a partial max")
         left = tuple(a for a in (lay.partial[1] if lay.partial else ()) if a not in axes)
         partial = (lay.partial[0], left) if left and lay.partial else None
         dims = list(lay.dims)
@@ -88,12 +87,12 @@ def _all_gather(op: str, axes: tuple[str, ...], dim: int, dim2: int, lay: TLayou
 
     problems: Problems = []
     if lay.partial and set(lay.partial[1]) & set(axes):
-        problems.append(("collective-mismatch", "the tensor is a partial sum: all-gather "
-                         "concatenates the summands instead of adding them"))
+        problems.append("the tensor is a partial sum: all-gather "
+                        "concatenates the summands instead of adding them")
     dims = list(lay.dims)
     dims[dim], problem = remove_axes(dims[dim], axes)
     if problem:
-        problems.append(("collective-mismatch", problem))
+        problems.append(problem)
     return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems
 
 
@@ -105,7 +104,7 @@ def _all_to_all(op: str, axes: tuple[str, ...], dim: int, dim2: int, lay: TLayou
     dims = list(lay.dims)
     dims[dim2], problem = remove_axes(dims[dim2], axes)
     if problem:
-        problems.append(("collective-mismatch", problem.replace("gather", "all-to-all concat")))
+        problems.append(problem.replace("gather", "all-to-all concat"))
     dims[dim] = append_axes(dims[dim], axes)
     return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems
 
@@ -116,7 +115,7 @@ def _scatter(op: str, axes: tuple[str, ...], dim: int, dim2: int, lay: TLayout,
 
     problems: Problems = []
     if any(a in lay.shard_axes() for a in axes):
-        problems.append(("collective-mismatch", "scatter of a tensor already split over the axis"))
+        problems.append("scatter of a tensor already split over the axis")
     dims = list(lay.dims)
     dims[dim] = append_axes(dims[dim], axes)
     return TLayout(tuple(dims), lay.partial, lay.const, lay.cause), problems

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from trainverify_dsl.ir.layout import TLayout
 from trainverify_dsl.lower.capture import MARK, module_stack
 from trainverify_dsl.lower.findings import Finding, LoweringError
+from trainverify_dsl.report import codes_lower
 from trainverify_dsl.spec.convert import packet_name
 
 
@@ -199,7 +200,8 @@ def inline(cx: Context, fn: Callable[..., torch.Tensor],
         elif node.op == "output":
             result = torch.fx.node.map_arg(node.args[0], lambda a: env[a])
         else:
-            raise LoweringError(Finding("layout-mismatch", f"algorithm traced a {node.op} node",
+            raise LoweringError(Finding(codes_lower.LAYOUT_MISMATCH,
+                                        f"algorithm traced a {node.op} node",
                                         None, ""))
     assert isinstance(result, torch.fx.Node)
     return result
@@ -208,13 +210,15 @@ def inline(cx: Context, fn: Callable[..., torch.Tensor],
 def _mark(cx: Context, point: str) -> torch.fx.Node:
     node = cx.mark(point)
     if node is None:
-        raise LoweringError(Finding("unbound-name", f"the spec model never passes through "
+        raise LoweringError(Finding(codes_lower.UNBOUND_NAME,
+                                    f"the spec model never passes through "
                                     f"`{point}`", None, point))
     return node
 
 
 def _not_applicable(site: Site, why: str) -> LoweringError:
-    return LoweringError(Finding("algorithm-not-applicable", f"`{site.name}` cannot be applied to "
+    return LoweringError(Finding(codes_lower.ALGORITHM_NOT_APPLICABLE,
+                                 f"`{site.name}` cannot be applied to "
                                  f"`{site.module}`: {why}", site.origin, site.module))
 
 
@@ -338,7 +342,8 @@ def _lower_vocab_cross_entropy(cx: Context, site: Site) -> tuple[torch.fx.Node, 
         at_logits = cx.collectives_at(f"{site.module}.out")
         blamed = at_logits[-1].origin if at_logits else None
         cx.report(Finding(
-            "algorithm-not-applicable", "vocab-parallel-cross-entropy expects the logits split "
+            codes_lower.ALGORITHM_NOT_APPLICABLE,
+            "vocab-parallel-cross-entropy expects the logits split "
             f"over {', '.join(site.axes)} along the vocabulary; they are {logits_lay.describe()}",
             blamed or site.origin, site.module,
             notes=(f"the algorithm is applied at {site.origin.report_span}",)

@@ -35,6 +35,8 @@ from trainverify_dsl.plan.model import (
     TensorPattern,
     _segment_text,
 )
+from trainverify_dsl.report import codes_lower, codes_plan
+from trainverify_dsl.report.diagnostics import Code
 from trainverify_dsl.report.span import Span
 
 #: Axes a layout never shards (the pipeline axis places, it does not split).
@@ -218,7 +220,7 @@ class _Binder:
         self.points = _points(modules)
 
     def error(self, message: str, span: Any, help: str | None = None,
-              code: str = "unbound-name") -> None:
+              code: Code = codes_lower.UNBOUND_NAME) -> None:
         self.b.errors.append(Finding(code, message, span, "", help))
 
     def unknown(self, pattern: TensorPattern, span: Any, candidates: list[str],
@@ -244,7 +246,7 @@ class _Binder:
         if clip is not None:
             self.error("`clip-grad-norm` is not lowered yet: the parallel program would not "
                        "clip, so no check could say anything about it", clip.origin,
-                       help="remove it to check the rest of the plan", code="not-lowered")
+                       help="remove it to check the rest of the plan", code=codes_lower.NOT_LOWERED)
 
     def _sends(self) -> None:
         for send in self.plan.sends:
@@ -281,7 +283,7 @@ class _Binder:
                 if layout.partial_axes:
                     self.error(f"`{name}` is a {'parameter' if name in b.params else 'model input'}"
                                ": a layout on it defines how it is distributed and cannot be "
-                               "partial (Rule 2.3)", span, code="partial-input")
+                               "partial (Rule 2.3)", span, code=codes_lower.PARTIAL_INPUT)
                     continue
                 shape = b.params.get(name) or b.data[name]
                 self._divides(name, shape, layout, span, batch=name in b.data)
@@ -293,13 +295,13 @@ class _Binder:
                  batch: bool) -> None:
         if layout.ndim is not None and layout.ndim != len(shape):
             self.error(f"`{name}` has {len(shape)} dimensions, the layout lists {layout.ndim}",
-                       span, code="split-not-divisible")
+                       span, code=codes_plan.SPLIT_NOT_DIVISIBLE)
             return
         for d, axes in layout.dim_axes:
             axes = tuple(a for a in axes if a not in PLACEMENT_AXES)
             if d >= len(shape):
                 self.error(f"`{name}` has {len(shape)} dimensions; the layout splits "
-                           f"dimension {d}", span, code="split-not-divisible")
+                           f"dimension {d}", span, code=codes_plan.SPLIT_NOT_DIVISIBLE)
                 continue
             n = ways(axes, self.sizes) * (self.sizes[MICROBATCH_AXIS] if batch and d == 0
                                           else 1)
@@ -307,7 +309,7 @@ class _Binder:
                 extra = " x microbatches" if batch and d == 0 else ""
                 self.error(f"`{name}` dimension {d} has size {shape[d]}, not divisible by "
                            f"{', '.join(axes) or 'the'}{extra} ({n}) (Rule 2.1: no padding)",
-                           span, code="split-not-divisible")
+                           span, code=codes_plan.SPLIT_NOT_DIVISIBLE)
 
     def _zero_blocks(self) -> None:
         """Rule 6.1: under ``optimizer ... shard over A`` every parameter's local dimension 0
@@ -329,13 +331,13 @@ class _Binder:
                 self.error(f"`{name}` has {local} local rows on dimension 0, not divisible by "
                            f"the optimizer's shard group {', '.join(opt.shard_axes)} ({group}) "
                            "(Rule 6.1: no flattening, no padding)", opt.origin,
-                           code="split-not-divisible")
+                           code=codes_plan.SPLIT_NOT_DIVISIBLE)
         for axis, names in twice.items():
             self.error(f"`{axis}` already splits {_shown(names)}: `shard over {axis}` would "
                        f"split them over {axis} a second time (Rule 6.1: no axis of the shard "
                        "group may already shard the parameter)", opt.origin,
                        help=f"shard the optimizer over the axes that replicate the parameters "
-                            f"(the data axes), not over {axis}", code="axis-used-twice")
+                            f"(the data axes), not over {axis}", code=codes_plan.AXIS_USED_TWICE)
 
     def _collectives(self) -> None:
         b = self.b
@@ -377,7 +379,7 @@ class _Binder:
                     scattered_by[name] = st
             for problem, params in bad.items():
                 self.error(problem.format(params=_shown(params)), st.origin,
-                           code="split-not-divisible")
+                           code=codes_plan.SPLIT_NOT_DIVISIBLE)
         self._optimizer_consumes(final, scattered_by)
         b.grad_layouts = final
         self._gradient_claims(final)
@@ -398,7 +400,8 @@ class _Binder:
                     found.setdefault((claim.span, problem), []).append(name)
         for (span, problem), names in found.items():
             self.b.warnings.append(Finding(
-                "claim-contradicts-layout", f"the final gradient of {_shown(names)}: {problem}",
+                codes_lower.CLAIM_CONTRADICTS_LAYOUT,
+                f"the final gradient of {_shown(names)}: {problem}",
                 span, f"grad({names[0]})"))
 
     def _scatter(self, final: dict[str, TLayout], name: str, st: Collective) -> str | None:
@@ -447,7 +450,7 @@ class _Binder:
                         f"(ZeRO): `optimizer ... shard over {axes}`")
             self.error(f"`{st.kind} {st.target} over {axes}` leaves each rank a block of the "
                        f"gradients of {_shown(params)}, but {why}", st.origin, help,
-                       code="gradient-layout-mismatch")
+                       code=codes_lower.GRADIENT_LAYOUT_MISMATCH)
 
     def _not_a_point(self, st: Collective) -> bool:
         """A collective on a parameter, a model input or ``loss``: named, but not a place where

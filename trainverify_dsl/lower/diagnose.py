@@ -5,14 +5,12 @@ of the spec model). The driver that lowers a plan file and reports them is
 from __future__ import annotations
 
 from trainverify_dsl.lower.findings import Finding
-from trainverify_dsl.report.codes import lookup
 from trainverify_dsl.report.diagnostics import Diagnostic
 from trainverify_dsl.report.span import Span
 
 
 def to_diagnostic(finding: Finding, fallback: Span) -> Diagnostic:
-    code = lookup(finding.code)
-    assert code is not None, f"finding code {finding.code!r} is not registered"
+    code = finding.code
     notes = (f"in the spec model at `{finding.where}`",) if finding.where else ()
     return Diagnostic(code, finding.message, finding.span or fallback,
                       finding.notes + notes, finding.help)

@@ -1,8 +1,9 @@
 """What the lowering and its layout pass find, before they become diagnostics.
 
-A ``Finding`` has a short code key (``partial-nonlinear``, ``collective``, ...; the report
-layer maps each to a registered TVP4xx code), a message, the plan span it is about (the
-statement that caused it, when known) and where in the spec model it shows (module path).
+A ``Finding`` has a registered code (``codes_lower.PARTIAL_NONLINEAR``, ...: typed like the
+plan's, so a misspelt code fails at import, not when the finding fires), a message, the plan
+span it is about (the statement that caused it, when known) and where in the spec model it
+shows (module path).
 Given a plan ``Origin`` instead of a span, a finding is located where the user wrote the
 statement (the outermost ``apply`` line for a template statement) and carries the expansion
 chain as notes, as compilers report macro expansions.
@@ -16,12 +17,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from trainverify_dsl.report.diagnostics import Code
 from trainverify_dsl.report.span import Span
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    code: str
+    #: a registered code (``report/codes_lower.py``, or a plan code the binding also finds)
+    code: Code
     message: str
     #: a ``Span``, or a plan ``Origin`` (anything with ``report_span`` and ``notes()``),
     #: which is replaced by its report span, its trail going to ``notes``

@@ -42,6 +42,8 @@ from typing import Any
 from trainverify_dsl.ir.collectives import COLLECTIVES
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout
 from trainverify_dsl.lower.findings import Finding
+from trainverify_dsl.report import codes_lower
+from trainverify_dsl.report.diagnostics import Code
 from trainverify_dsl.report.span import Span
 
 #: axis -> (the plan span that made the cotangent partial over it, the module where it did)
@@ -127,7 +129,7 @@ class GradientTracker:
                 summed = set(item.sums)
                 if summed and not summed & set(mine):
                     self.findings.append(Finding(
-                        "collective-mismatch", f"the backward of `{item.statement.kind} "
+                        codes_lower.COLLECTIVE_MISMATCH, f"the backward of `{item.statement.kind} "
                         f"{item.statement.target}` sums a gradient that is already complete "
                         f"over {', '.join(item.sums)}: it multiplies it by "
                         f"{math.prod(self.sizes[a] for a in item.sums)}",
@@ -184,7 +186,8 @@ class GradientTracker:
             shown = ", ".join(f"`{p}`" for p in params[:3])
             more = f" and {len(params) - 3} more" if len(params) > 3 else ""
             self.findings.append(Finding(
-                "missing-collective", f"the gradients of {shown}{more} are partial over {axis} "
+                codes_lower.MISSING_COLLECTIVE,
+                f"the gradients of {shown}{more} are partial over {axis} "
                 f"(in `{where}` a complete value meets one split over {axis} by this "
                 f"statement, so each rank's gradient is a share) and nothing reduces them: no "
                 f"`copy`/`all-gather` over {axis} on the way back and no gradient statement "
@@ -205,17 +208,17 @@ class GradientTracker:
             op = st.op or "sum"
             for axis in axes:
                 if axis in self.split.get(param, set()):
-                    self._group("collective-mismatch", st.origin, "the gradients of "
+                    self._group(codes_lower.COLLECTIVE_MISMATCH, st.origin, "the gradients of "
                                 f"{{params}} are split over {axis}: reducing them adds the "
                                 "gradients of different slices", param)
                 elif axis not in partial and op == "sum":
-                    self._group("collective-mismatch", st.origin, "the gradients of "
+                    self._group(codes_lower.COLLECTIVE_MISMATCH, st.origin, "the gradients of "
                                 f"{{params}} are already complete over {axis}: summing their "
                                 f"copies multiplies them by {self.sizes[axis]}", param)
             if op == "avg":
                 tensor_axes = [a for a in axes if a in partial and a not in data_axes]
                 if tensor_axes:
-                    self._group("collective-mismatch", st.origin, "the gradients of "
+                    self._group(codes_lower.COLLECTIVE_MISMATCH, st.origin, "the gradients of "
                                 f"{{params}} are partial sums over {', '.join(tensor_axes)}: "
                                 "op=avg divides them by "
                                 f"{math.prod(self.sizes[a] for a in tensor_axes)}", param)
@@ -229,7 +232,8 @@ class GradientTracker:
         if total != 1:
             origin, help = self._scale_at_fault(applied, factor * ranks, loss_scale,
                                                 microbatches)
-            self._group("loss-scale-mismatch", origin, f"the gradients of {{params}} come out "
+            self._group(codes_lower.LOSS_SCALE_MISMATCH,
+                        origin, f"the gradients of {{params}} come out "
                         f"{total} times the spec's: the reduction's factor {factor} x "
                         f"loss-scale {loss_scale} x {microbatches} microbatches x {ranks} data "
                         f"ranks ({', '.join(data)}) is not 1 (docs/semantics.md §4.7)", param,
@@ -255,7 +259,7 @@ class GradientTracker:
         return where, "there is no `loss-scale` statement: the microbatches' gradients are " \
             "summed; add `loss-scale 1/microbatches`"
 
-    def _group(self, code: str, span: Any, reason: str, param: str,
+    def _group(self, code: Code, span: Any, reason: str, param: str,
                help: str | None = None) -> None:
         self._grouped.setdefault((code, span, reason, help), []).append(param)
 

@@ -44,6 +44,8 @@ from trainverify_dsl.lower.findings import Finding, LoweringError, latest, merge
 from trainverify_dsl.lower.gradients import GradientTracker
 from trainverify_dsl.lower.rules import RULES, Result
 from trainverify_dsl.plan.model import PIPELINE_AXIS, Collective, Plan
+from trainverify_dsl.report import codes_lower, codes_plan
+from trainverify_dsl.report.diagnostics import Code
 from trainverify_dsl.spec.convert import packet_name
 
 
@@ -197,7 +199,7 @@ class _Lowering:
                  [self.causes.get(self.current, {}).get(a)] if entry is not None]
         return latest(found) or self.current_cause
 
-    def finding(self, code: str, message: str, layout: TLayout | None = None) -> None:
+    def finding(self, code: Code, message: str, layout: TLayout | None = None) -> None:
         span = layout.cause if layout is not None and layout.cause is not None else \
             self.current_cause
         self.findings.append(Finding(code, message, span, self._where()))
@@ -294,11 +296,13 @@ class _Lowering:
             return self.recv[stage][old]
         if old in self.skip:
             raise LoweringError(Finding(
-                "algorithm-not-applicable", f"{_describe(old)} belongs to a module that a "
+                codes_lower.ALGORITHM_NOT_APPLICABLE,
+                f"{_describe(old)} belongs to a module that a "
                 "parallel algorithm replaces, but is also used outside it", None,
                 self._where()))
         raise LoweringError(Finding(
-            "stage-order", f"stage {stage} reads {_describe(old)} computed on the later stage "
+            codes_plan.STAGE_ORDER,
+            f"stage {stage} reads {_describe(old)} computed on the later stage "
             f"{home}: the stage order breaks a data dependency",
             self.binding.stage_span(stage), self._where()))
 
@@ -412,13 +416,15 @@ class _Lowering:
         declared = self.binding.loss_stage()
         if declared is None:
             raise LoweringError(Finding(
-                "unassigned-op", f"the loss ({_describe(loss)}) is computed outside every "
+                codes_lower.UNASSIGNED_OP,
+                f"the loss ({_describe(loss)}) is computed outside every "
                 "module assigned to a pipeline stage, and no stage lists `loss`",
                 self.binding.stage_span(len(self.graphs) - 1), "(root)"))
         actual = self.stage_of.get(loss)
         if actual is not None and actual > declared:
             raise LoweringError(Finding(
-                "stage-order", f"stage {declared} lists `loss`, but the loss needs values of "
+                codes_plan.STAGE_ORDER,
+                f"stage {declared} lists `loss`, but the loss needs values of "
                 f"stage {actual}", self.binding.stage_span(declared), "loss"))
 
     def visit(self, node: torch.fx.Node) -> None:
@@ -455,7 +461,8 @@ class _Lowering:
             else:
                 result = rule(self, node.args, dict(node.kwargs), node.meta["val"])
         except LayoutError as error:
-            raise LoweringError(Finding("layout-mismatch", f"{name.removeprefix('aten.')} in "
+            raise LoweringError(Finding(codes_lower.LAYOUT_MISMATCH,
+                                        f"{name.removeprefix('aten.')} in "
                                         f"{self._where()}: {error}", self.current_cause,
                                         self._where())) from None
         args = torch.fx.node.map_aggregate(result.args, lambda a: self.value(self.stage, a))
@@ -464,7 +471,8 @@ class _Lowering:
         try:
             new = self.emit(node.target, args, kwargs)
         except Exception as error:  # noqa: BLE001 - torch shape errors of the local op
-            raise LoweringError(Finding("layout-mismatch", f"{name.removeprefix('aten.')} in "
+            raise LoweringError(Finding(codes_lower.LAYOUT_MISMATCH,
+                                        f"{name.removeprefix('aten.')} in "
                                         f"{self._where()} cannot run on the local pieces: "
                                         f"{str(error).splitlines()[0]}", self.current_cause,
                                         self._where())) from None
@@ -517,7 +525,8 @@ class _Lowering:
         for claim in self.binding.claims_at(point):
             problem = claim_problem(claim, lay, self.sizes)
             if problem:
-                self.findings.append(Finding("claim-contradicts-layout", f"{point}: {problem}",
+                self.findings.append(Finding(codes_lower.CLAIM_CONTRADICTS_LAYOUT,
+                                             f"{point}: {problem}",
                                              claim.span, point))
         return value, lay
 
@@ -534,8 +543,9 @@ class _Lowering:
         backward = kind_of(st.backward)
         new_lay, problems = layout_after(st.kind, st.op or "sum", axes, dim, dim2, lay,
                                          self.sizes)
-        for code, message in problems:
-            self.findings.append(Finding(code, f"{st.kind} {point} over {', '.join(axes)}: "
+        for message in problems:
+            self.findings.append(Finding(codes_lower.COLLECTIVE_MISMATCH,
+                                         f"{st.kind} {point} over {', '.join(axes)}: "
                                          f"{message}", span, point))
         # a partial sum that a reduction leaves partial is blamed on that reduction (over the
         # wrong axis, or too few): it is where the plan decided what to add up
@@ -547,7 +557,7 @@ class _Lowering:
             out = self.emit(torch.ops.tvp.collective.default,
                             (value, kind, ",".join(axes), n, op, dim, dim2, backward))
         except Exception as error:  # noqa: BLE001 - e.g. a block size that does not divide
-            raise LoweringError(Finding("layout-mismatch", f"{st.kind} {point}: "
+            raise LoweringError(Finding(codes_lower.LAYOUT_MISMATCH, f"{st.kind} {point}: "
                                         f"{str(error).splitlines()[0]}", span, point)) from None
         got = tuple(out.meta["val"].shape)
         if got != tuple(new_lay.local_shape(self.sizes)):
@@ -564,7 +574,8 @@ class _Lowering:
         listed = self.binding.loss_stage() if self.binding.stage_members else None
         if listed is not None and listed != loss_stage:  # never moved silently (§5)
             self.findings.append(Finding(
-                "stage-order", f"`loss` is listed on stage {listed}, but it is computed on "
+                codes_plan.STAGE_ORDER,
+                f"`loss` is listed on stage {listed}, but it is computed on "
                 f"stage {loss_stage}, where its operands are (docs/semantics.md Rule 5.1)",
                 self.binding.stage_span(listed), "loss"))
         self.stage = loss_stage
@@ -578,7 +589,8 @@ class _Lowering:
         for claim in self.binding.claims_at("loss"):  # a claim on `loss` (§4.6)
             problem = claim_problem(claim, lay, self.sizes)
             if problem:
-                self.findings.append(Finding("claim-contradicts-layout", f"loss: {problem}",
+                self.findings.append(Finding(codes_lower.CLAIM_CONTRADICTS_LAYOUT,
+                                             f"loss: {problem}",
                                              claim.span, "loss"))
         self.outputs[loss_stage].append(Slot("loss", "loss", "loss", lay))
         for old in self.sent:
@@ -677,7 +689,7 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> L
     shapes). Raises ``LoweringError`` (with a plan span) when the plan cannot be lowered;
     softer problems are ``Lowered.findings``."""
     if plan.mesh is None:
-        raise LoweringError(Finding("unbound-name", "the plan has no mesh", None, ""))
+        raise LoweringError(Finding(codes_lower.UNBOUND_NAME, "the plan has no mesh", None, ""))
     plan = resolve_indices(plan, model)  # layers[-1] is the last layer
     sizes = input_sizes(plan)
     binding = bind_plan(plan, model, {k: tuple(v.shape) for k, v in inputs.items()}, sizes)
@@ -706,11 +718,10 @@ def _backward_findings(lowering: _Lowering) -> list[Finding]:
     nonlinear op) its findings are consequences blamed on correct statements (a `copy`
     whose backward now sums a gradient that the broken forward made complete), so they
     wait until the forward is fixed."""
-    from trainverify_dsl.report.codes import lookup
     from trainverify_dsl.report.diagnostics import Severity
 
     forward_errors = [f for f in lowering.findings
-                      if (code := lookup(f.code)) is not None and code.severity is Severity.ERROR]
+                      if f.code.severity is Severity.ERROR]
     if not forward_errors:
         return lowering.grads.findings
     if lowering.grads.findings:
@@ -730,27 +741,30 @@ def _explicit_sends(lowering: _Lowering, stages: list[StageProgram]
     for point, source, dest, span in lowering.binding.sends:
         mark = lowering.marks.get(point)
         if mark is None:
-            raise LoweringError(Finding("unbound-name", f"the spec model never passes through "
+            raise LoweringError(Finding(codes_lower.UNBOUND_NAME,
+                                        f"the spec model never passes through "
                                         f"`{point}`", span, point))
         home = lowering.stage_of.get(mark)
         if home != source:
-            raise LoweringError(Finding("stage-order", f"`send {point} from {source}`: "
+            raise LoweringError(Finding(codes_plan.STAGE_ORDER, f"`send {point} from {source}`: "
                                         f"`{point}` is computed on stage {home}", span, point))
         if not 0 <= dest < len(stages) or dest <= source:
-            raise LoweringError(Finding("stage-order", f"`send {point} from {source} to "
+            raise LoweringError(Finding(codes_plan.STAGE_ORDER, f"`send {point} from {source} to "
                                         f"{dest}`: the destination must be a later stage",
                                         span, point))
         shape = lowering.layouts[mark].local_shape(lowering.sizes)
         target = next((slot for slot in stages[dest].inputs if slot.kind == "recv" and
                        slot.layout.local_shape(lowering.sizes) == shape), None)
         if target is None:
-            raise LoweringError(Finding("stage-order", f"stage {dest} has no boundary input "
+            raise LoweringError(Finding(codes_plan.STAGE_ORDER,
+                                        f"stage {dest} has no boundary input "
                                         f"shaped like `{point}` to receive it", span, point))
         for stage in lowering.sent.get(mark, ()):
             if stage != dest:
                 routes[(stage, mark.name)] = None
         if mark not in lowering.sent:  # stage `source` has no such output to send
-            raise LoweringError(Finding("stage-order", f"`{point}` is sent, but it is not a "
+            raise LoweringError(Finding(codes_plan.STAGE_ORDER,
+                                        f"`{point}` is sent, but it is not a "
                                         "value that crosses stages: no later stage reads it "
                                         "(a later stage reads a value computed from it)",
                                         span, point))

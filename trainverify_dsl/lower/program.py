@@ -35,6 +35,7 @@ from trainverify_dsl.lower.findings import Finding, LoweringError
 from trainverify_dsl.lower.joint import input_name, output_name, stage_joint
 from trainverify_dsl.lower.lowering import Lowered, StageProgram
 from trainverify_dsl.plan.model import PIPELINE_AXIS, Layout, Partial
+from trainverify_dsl.report import codes_lower
 from trainverify_dsl.spec import optim
 
 #: Gradient statements with a meaning on accumulated gradients (§4.5).
@@ -113,7 +114,7 @@ def _grad_syncs(lowered: Lowered) -> tuple[GradSync, ...]:
         kind = GRAD_SYNC_KINDS.get(st.kind)
         if kind is None:
             raise LoweringError(Finding(
-                "collective-mismatch", f"`{st.kind}` on a gradient has no meaning after "
+                codes_lower.COLLECTIVE_MISMATCH, f"`{st.kind}` on a gradient has no meaning after "
                 "accumulation: gradient statements are `all-reduce` and `reduce-scatter` "
                 "(docs/semantics.md §4.5)", st.origin.report_span, str(st.target)))
         out.append(GradSync(kind, tuple(st.axes), st.op or "sum",
@@ -129,7 +130,7 @@ def _optimizer(lowered: Lowered, stages: tuple[Stage, ...]) -> OptimizerStep | N
     try:
         config = optim.optimizer_config(opt.kind, dict(opt.hyper))
     except ValueError as error:
-        raise LoweringError(Finding("collective-mismatch", f"optimizer: {error}",
+        raise LoweringError(Finding(codes_lower.COLLECTIVE_MISMATCH, f"optimizer: {error}",
                                     opt.origin.report_span, "optimizer")) from None
     held = {s.spec: (st, s) for st in stages for s in st.output("grad")}
     sizes = lowered.sizes

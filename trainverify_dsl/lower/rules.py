@@ -28,6 +28,8 @@ from trainverify_dsl.ir.layout import (
     reshape_dims,
     same_dim,
 )
+from trainverify_dsl.report import codes_lower
+from trainverify_dsl.report.diagnostics import Code
 
 
 class RuleCtx(Protocol):
@@ -41,7 +43,7 @@ class RuleCtx(Protocol):
 
     def layout(self, value: Any) -> TLayout: ...
 
-    def finding(self, code: str, message: str, layout: TLayout | None = None) -> None: ...
+    def finding(self, code: Code, message: str, layout: TLayout | None = None) -> None: ...
 
     def adapt(self, value: Any, layout: TLayout, target: TLayout) -> Any: ...
 
@@ -122,18 +124,18 @@ def _broadcast(ctx: RuleCtx, name: str, args: tuple[Any, ...], kwargs: dict[str,
         first = partials[0]
         if name in ADDITIVE:
             if len(partials) < len(layouts) and name != "aten.where":
-                ctx.finding("mixed-partial", f"{_op(name)} of a partial sum over "
+                ctx.finding(codes_lower.MIXED_PARTIAL, f"{_op(name)} of a partial sum over "
                             f"{', '.join(first.partial[1])} and a complete operand: the "
                             f"complete operand enters the sum once per rank", first)
             if any(p.partial != first.partial for p in partials):
-                ctx.finding("partial-nonlinear", f"{_op(name)} of operands partial over "
+                ctx.finding(codes_lower.PARTIAL_NONLINEAR, f"{_op(name)} of operands partial over "
                             "different axes", first)
             result = result.with_partial(first.partial, first.cause)
         elif name in LINEAR_IN_ONE and len(partials) == 1 and (
                 name == "aten.mul" or partials[0] is layouts[0]):
             result = result.with_partial(first.partial, first.cause)
         else:
-            ctx.finding("partial-nonlinear", f"{_op(name)} applied to a partial sum over "
+            ctx.finding(codes_lower.PARTIAL_NONLINEAR, f"{_op(name)} applied to a partial sum over "
                         f"{', '.join(first.partial[1])} (it is not linear): reduce it first",
                         first)
     return Result(result, tuple(new_args), new_kwargs)
@@ -325,7 +327,7 @@ def _cat(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) 
     first = replace(first, dims=target)
     partial = _any_partial(layouts)
     if partial and any(lay.partial != partial.partial for lay in layouts):
-        ctx.finding("partial-nonlinear", "cat of partial and complete operands", partial)
+        ctx.finding(codes_lower.PARTIAL_NONLINEAR, "cat of partial and complete operands", partial)
     dims = list(first.dims)
     dims[d] = (Factor(int(out.shape[d])),)
     result = TLayout(tuple(dims), None, all(lay.const for lay in layouts))
@@ -358,10 +360,11 @@ def _contract(ctx: RuleCtx, a: TLayout, b: TLayout, ka: int, kb: int, what: str)
                           f"{TLayout((b.dims[kb],)).describe()} on the other")
     axes = tuple(x for f in normalize_dim(a.dims[ka]) for x in f.axes)
     if a.partial and b.partial:
-        ctx.finding("partial-nonlinear", f"{what} of two partial sums", a)
+        ctx.finding(codes_lower.PARTIAL_NONLINEAR, f"{what} of two partial sums", a)
     carried = a if a.partial else b if b.partial else None
     if axes and carried:
-        ctx.finding("partial-nonlinear", f"{what} over a split dimension of a partial sum",
+        ctx.finding(codes_lower.PARTIAL_NONLINEAR,
+                    f"{what} over a split dimension of a partial sum",
                     carried)
     if axes:
         return ("sum", axes), ctx.cause_for(axes)
@@ -413,9 +416,10 @@ def _reduction(name: str) -> Rule:
         if lay.partial:
             linear = kind in ("sum", "avg") and lay.partial[0] in ("sum", "avg")
             if not linear:
-                ctx.finding("partial-nonlinear", f"{_op(name)} of a partial sum", lay)
+                ctx.finding(codes_lower.PARTIAL_NONLINEAR, f"{_op(name)} of a partial sum", lay)
             elif axes:
-                ctx.finding("partial-nonlinear", f"{_op(name)} over a split dimension of a "
+                ctx.finding(codes_lower.PARTIAL_NONLINEAR,
+                            f"{_op(name)} over a split dimension of a "
                             "partial sum", lay)
             else:
                 return Result(result.with_partial(lay.partial, lay.cause), args, kwargs)
@@ -440,7 +444,7 @@ def _variance(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: 
     for d in reduced:
         _require_unsplit(lay, d, "variance")
     if lay.partial:
-        ctx.finding("partial-nonlinear", "variance of a partial sum", lay)
+        ctx.finding(codes_lower.PARTIAL_NONLINEAR, "variance of a partial sum", lay)
     dims = tuple(((Factor(1),) if d in reduced else dim) for d, dim in enumerate(lay.dims)
                  if keep or d not in reduced)
     result = TLayout(dims, None, lay.const)
@@ -456,7 +460,8 @@ def _along(dim_arg: int, resize: bool = False) -> Rule:
         d = _ndim(args[dim_arg] if len(args) > dim_arg else -1, lay.rank)
         _require_unsplit(lay, d, "an op that mixes elements")
         if lay.partial:
-            ctx.finding("partial-nonlinear", "an op along one dimension applied to a partial "
+            ctx.finding(codes_lower.PARTIAL_NONLINEAR,
+                        "an op along one dimension applied to a partial "
                         "sum", lay)
         outs = out if isinstance(out, (tuple, list)) else (out,)
         results = []
@@ -487,7 +492,7 @@ def _gather(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
                 == lay.global_shape()[k]:
             raise LayoutError("gather with an index split differently from its source")
     if lay.partial:
-        ctx.finding("partial-nonlinear", "gather from a partial sum", lay)
+        ctx.finding(codes_lower.PARTIAL_NONLINEAR, "gather from a partial sum", lay)
     return Result(TLayout(index.dims, lay.partial, lay.const and index.const, lay.cause),
                   args, kwargs)
 
@@ -521,7 +526,7 @@ def _addmm(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
         raise LayoutError(f"bias split as {bias.describe()} added to a product split as "
                           f"{product.describe()}")
     if product.partial and not bias.partial:
-        ctx.finding("mixed-partial", "a bias added to a partial sum over "
+        ctx.finding(codes_lower.MIXED_PARTIAL, "a bias added to a partial sum over "
                     f"{', '.join(product.partial[1])} before it is reduced: the bias enters the "
                     "sum once per rank", product)
     return Result(product, args, kwargs)

@@ -126,6 +126,19 @@ def test_exponential_expansion_stops_with_a_diagnostic() -> None:
     assert result.plan is None
 
 
+def test_a_long_flat_plan_is_not_told_to_reduce_nesting(monkeypatch) -> None:
+    """The work limit on a plan with no template or loop at all: the help says what to do
+    about many statements, not about nesting (it said "reduce nested templates and loops")."""
+    import trainverify_dsl.plan.expand as expand
+
+    monkeypatch.setattr(expand, "MAX_WORK", 20)
+    flat = "".join(f"split w{i} [tp, -]\n" for i in range(30))
+    result = resolve_text(MESH + flat)
+    (diagnostic,) = [d for d in result.diagnostics if d.code is EXPANSION_LIMIT]
+    assert "more than 20 expansion steps" in diagnostic.message
+    assert "nested" not in (diagnostic.help or "") and "template" in (diagnostic.help or "")
+
+
 def test_deep_loop_nesting_is_bounded() -> None:
     """Built as an AST: the parser itself refuses such nesting before the resolver sees it."""
     plan_file, _ = parse_text(HEAD + MESH + "for v in layers:\n    split v.w [tp, -]\n")
@@ -135,6 +148,7 @@ def test_deep_loop_nesting_is_bounded() -> None:
     deep = replace(plan_file, statements=plan_file.statements[:-1] + (loop,))
     result = resolve_plan_file(deep)
     assert codes_of(result) == [EXPANSION_LIMIT.id]
+    assert "nested" in (result.diagnostics[0].help or "")
     shallow = replace(plan_file, statements=plan_file.statements[:-1] + (
         replace(loop, body=(plan_file.statements[-1],)),))
     assert resolve_plan_file(shallow).ok

@@ -102,7 +102,11 @@ class Expander:
             frame.index += 1
             self.work += 1
             if self.work > MAX_WORK:
-                self._limit(stmt, frame, f"more than {MAX_WORK:,} expansion steps")
+                self._limit(stmt, frame, f"more than {MAX_WORK:,} expansion steps (statements, "
+                            "loop bodies, template applications)",
+                            "a plan states each layer's pattern once: use a template applied "
+                            "in a `for` loop instead of writing statements out, and loop over "
+                            "fewer elements")
                 break
             self._step(stmt, frame)
         return self.result
@@ -140,17 +144,17 @@ class Expander:
 
     def _push(self, frame: _Frame, stmt: ast.Statement) -> bool:
         if len(self.stack) >= MAX_DEPTH:
-            self._limit(stmt, self.stack[-1], f"nesting deeper than {MAX_DEPTH} levels")
+            self._limit(stmt, self.stack[-1], f"nesting deeper than {MAX_DEPTH} levels",
+                        "reduce nested templates and loops; a plan needs few expansion levels")
             self.stack.clear()
             return False
         self.stack.append(frame)
         return True
 
-    def _limit(self, stmt: ast.Statement, frame: _Frame, reason: str) -> None:
+    def _limit(self, stmt: ast.Statement, frame: _Frame, reason: str, help: str) -> None:
         self.collector.add(messages.at(
             codes.EXPANSION_LIMIT, f"plan expansion stopped: {reason}",
-            Origin(stmt.span, frame.trail),
-            help="reduce nested templates and loops; a plan needs few expansion levels"))
+            Origin(stmt.span, frame.trail), help=help))
         self.result.truncated = True
         self.stack.clear()
 

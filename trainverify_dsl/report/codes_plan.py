@@ -10,7 +10,7 @@ from trainverify_dsl.report.diagnostics import Code, Severity
 
 _HEAD = (
     "plan demo\n"
-    'spec "models/toy.py:Toy" config toy batch 8 seq 16\n'
+    'spec "stdlib/models/llama.py:Llama" config llama_tiny batch 8 seq 16 n_layers 4\n'
 )
 _MESH = "mesh dp=2, tp=2\n"
 

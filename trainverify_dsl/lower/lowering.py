@@ -759,17 +759,41 @@ def _explicit_sends(lowering: _Lowering, stages: list[StageProgram]
             raise LoweringError(Finding(codes_plan.STAGE_ORDER,
                                         f"stage {dest} has no boundary input "
                                         f"shaped like `{point}` to receive it", span, point))
-        for stage in lowering.sent.get(mark, ()):
-            if stage != dest:
-                routes[(stage, mark.name)] = None
+        starved = sorted(s for s in lowering.sent.get(mark, ()) if s != dest)
+        for stage in starved:
+            routes[(stage, mark.name)] = None
         if mark not in lowering.sent:  # stage `source` has no such output to send
             raise LoweringError(Finding(codes_plan.STAGE_ORDER,
                                         f"`{point}` is sent, but it is not a "
                                         "value that crosses stages: no later stage reads it "
                                         "(a later stage reads a value computed from it)",
                                         span, point))
+        if target.spec != mark.name:  # the destination reads another tensor there
+            notes = tuple(f"stage {s}, which reads `{point}`, gets no value for it (a free "
+                          "value, Rule 5.2)" for s in starved)
+            lowering.findings.append(Finding(
+                codes_plan.STAGE_ORDER,
+                f"`send {point} from {source} to {dest}` delivers `{point}` where stage "
+                f"{dest} reads {_crossing(lowering, target.spec)}: stage {dest} would compute "
+                "on the wrong tensor", span, point, notes=notes,
+                help=f"send `{point}` to the stage that reads it, or remove the `send` (values "
+                     "cross stages where the model's data flow needs them)"))
         routes[(dest, target.spec)] = mark.name
     return routes
+
+
+def _crossing(lowering: _Lowering, name: str) -> str:
+    """A value that crosses stages, as the plan names it: its marked point, else the op."""
+    point = next((p for p, node in lowering.marks.items() if node.name == name), None) or \
+        next((p for p, node in lowering.marks.items()
+              if isinstance(node.args[0], torch.fx.Node) and node.args[0].name == name), None)
+    if point is not None:
+        return f"`{point}`"
+    node = next((n for n in lowering.cap.gm.graph.nodes if n.name == name), None)
+    if node is None:
+        return f"`{name}`"
+    home = lowering.stage_of.get(node)
+    return _describe(node) + (f" (computed on stage {home})" if home is not None else "")
 
 
 def _placeholders_first(graph: torch.fx.Graph) -> torch.fx.Graph:

@@ -26,7 +26,7 @@ import torch
 from trainverify_dsl.ir.parallel import ParallelProgram, parallel_problems
 from trainverify_dsl.lower.diagnose import to_diagnostic
 from trainverify_dsl.lower.findings import LoweringError
-from trainverify_dsl.lower.lowering import lower
+from trainverify_dsl.lower.lowering import Lowered, lower
 from trainverify_dsl.lower.program import parallel_program
 from trainverify_dsl.plan.model import Plan
 from trainverify_dsl.report.diagnostics import Diagnostic, Severity
@@ -188,24 +188,30 @@ def layout_diagnostics(path: str | Path, *,
     """Lower the plan at ``path`` (full size, fake tensors) and report its findings. The plan
     must lint clean first (syntax and plan checks); then every problem is a diagnostic.
     ``allow_model_outside_root``: see ``prepare``."""
+    return _layout_pass(path, allow_model_outside_root)[0]
+
+
+def _layout_pass(path: str | Path, allow_model_outside_root: bool
+                 ) -> tuple[list[Diagnostic], Lowered | None]:
+    """``layout_diagnostics`` and the full-size lowering it made (``None`` if none)."""
     from trainverify_dsl.spec.errors import SpecError
 
     try:
         setup = prepare(path, shrink=False, real=False,
                         allow_model_outside_root=allow_model_outside_root)
     except SimulationSetupError as error:
-        return list(error.diagnostics)
+        return list(error.diagnostics), None
     except SpecError as error:
-        return at_spec_line(list(error.diagnostics), path)
+        return at_spec_line(list(error.diagnostics), path), None
     plan = setup.plan
     fallback = plan.spec.origin.span if plan.spec else Span(str(path), 1, 1, 1, 1)
     try:
         lowered = lower(plan, setup.fake_model, setup.fake_inputs)
     except LoweringError as error:
-        return [to_diagnostic(f, fallback) for f in error.findings]
+        return [to_diagnostic(f, fallback) for f in error.findings], None
     except SpecError as error:
-        return at_spec_line(list(error.diagnostics), path)
-    return [to_diagnostic(f, fallback) for f in lowered.findings]
+        return at_spec_line(list(error.diagnostics), path), None
+    return [to_diagnostic(f, fallback) for f in lowered.findings], lowered
 
 
 # -- tvp simulate ---------------------------------------------------------------------------
@@ -277,7 +283,7 @@ def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None
     the machine's memory, ``simulate.budget``). Mesh axes no statement uses run at size 1.
     ``progress`` is told each phase as it starts."""
     progress("layout pass at full size")
-    findings = layout_diagnostics(path, allow_model_outside_root=allow_model_outside_root)
+    findings, full_size = _layout_pass(path, allow_model_outside_root)
     errors = [d for d in findings if d.severity is Severity.ERROR]
     if errors and stop_on_errors:
         raise SimulationSetupError(findings)
@@ -295,7 +301,9 @@ def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None
     shrunk = bool(setup.overrides)
     progress("lowering the plan to its parallel program")
     try:
-        lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
+        # at full size and with no idle axis the plan is the one the layout pass lowered
+        lowered = full_size if full_size is not None and not shrunk and not idle else \
+            lower(setup.plan, setup.fake_model, setup.fake_inputs)
     except LoweringError as error:
         if not shrunk or errors:
             raise

@@ -5,10 +5,11 @@ backward that passes a complete cotangent on, the framework function it transcri
 layout rule (what the layout pass derives and what it finds wrong).
 
 Everything that needs a collective's meaning reads it here: the plan's default ``backward``
-(``plan/build.py``), the lowering's layout pass and cotangent check (``lower/``), the parallel
-program's gradient statements. The torch custom op (``lower/collectives.py``) runs the same
-arithmetic eagerly with torch tensors; ``tests/test_lower_collectives.py`` holds it to the
-IR's evaluation and to ``torch.distributed``.
+(``plan/build.py``), the lowering's layout pass and cotangent check (``lower/``), the kinds of
+the torch custom op and the converter's IR ops (``spec/convert.py``). The torch custom op
+(``lower/collectives.py``) runs the same arithmetic eagerly with torch tensors;
+``tests/test_lower_collectives.py`` holds it to the IR's evaluation and to
+``torch.distributed``.
 
 Importing this module does not import numpy (``tvp lint`` stays light): the layout rules import
 ``ir.layout`` when they run.

@@ -44,7 +44,8 @@ def reference_step(name: str, reuse: bool = True):  # noqa: ANN201 - test helper
     return step, setup, points
 
 
-@pytest.mark.parametrize("name", SMALL)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
+                                  if n.startswith("deepseek") else n for n in SMALL])
 def test_reference_step_matches_golden(name: str) -> None:
     from trainverify_dsl.ir.program import format_program, program_problems
 

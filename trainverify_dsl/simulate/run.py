@@ -31,7 +31,7 @@ from trainverify_dsl.ir.ops import OPS
 from trainverify_dsl.ir.parallel import ParallelProgram
 from trainverify_dsl.report.span import Span
 from trainverify_dsl.spec import optim
-from trainverify_dsl.spec.marks import POINT
+from trainverify_dsl.spec.marks import POINT, point_values
 
 #: Relative error below which two float64 results agree (round-off of the same real numbers).
 TOLERANCE = 1e-9
@@ -141,11 +141,6 @@ def reference_points(program: ParallelProgram) -> list[str]:
     return sorted(p for p in points if p != "loss" and not p.startswith("grad("))
 
 
-def points_of(want: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The reference's values at marked points, by point (its outputs ``point:<point>``)."""
-    return {k[len(POINT):]: v for k, v in want.items() if k.startswith(POINT)}
-
-
 # -- the checks ------------------------------------------------------------------------------
 
 
@@ -171,7 +166,7 @@ class _Pair:
 
     def __post_init__(self) -> None:
         self.mesh = MeshGroups(self.program.mesh)
-        self.points = points_of(self.want)
+        self.points = point_values(self.want)
         magnitude = max((float(np.max(np.abs(v))) for k, v in self.want.items()
                          if not k.startswith(POINT)
                          if np.size(v) and np.all(np.isfinite(v))), default=1.0)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from trainverify_dsl.spec import optim
+from trainverify_dsl.spec.marks import POINT, point_values
 
 #: the IR's state names (``spec.optim``) -> torch.optim's
 TORCH_STATE = {"m": "exp_avg", "v": "exp_avg_sq", "momentum": "momentum_buffer"}
@@ -52,7 +53,7 @@ def _record_points(net: torch.nn.Module, points: Sequence[str],
 
         def keep(point: str, value: Any) -> None:
             if point in wanted and isinstance(value, torch.Tensor) and value.is_floating_point():
-                seen[f"point:{point}"] = value.detach().numpy().copy()
+                seen[f"{POINT}{point}"] = value.detach().numpy().copy()
 
         def pre(_m: Any, args: tuple[Any, ...], _p: str = path) -> None:
             for k, a in enumerate(args):
@@ -117,14 +118,14 @@ def check_reference(want: Mapping[str, np.ndarray], model: torch.nn.Module,
     Errors are relative to the largest entry of the output, or ``floor`` times the largest
     entry of all outputs if that is more (float64 round-off of one computation done in two
     orders)."""
-    points = [k[len("point:"):] for k in want if k.startswith("point:")]
+    points = list(point_values(want))
     eager = torch_step(model, values, data, opt, points)
     missing = sorted(set(eager) ^ set(want))
     if missing:
         raise ReferenceDisagrees(f"the reference IR and eager torch do not produce the same "
                                  f"outputs: {', '.join(missing[:5])}")
     magnitude = max((float(np.max(np.abs(v))) for k, v in eager.items()
-                     if np.size(v) and not k.startswith("point:")), default=1.0)
+                     if np.size(v) and not k.startswith(POINT)), default=1.0)
     for name, expected in eager.items():
         got = np.asarray(want[name], dtype=np.float64)
         expected = np.asarray(expected, dtype=np.float64)

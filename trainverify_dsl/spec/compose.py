@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from trainverify_dsl.ir.graph import Graph, GraphInput
 from trainverify_dsl.ir.program import Call, Program
+from trainverify_dsl.spec.marks import POINT
 
 
 @dataclass(slots=True)
@@ -56,8 +57,8 @@ def _layer_rename(graph: Graph, layer: str, scope: str) -> dict[str, str]:
         elif g.name.startswith("saved."):
             rename[g.name] = f"{scope}/{g.name}"
     for name in graph.output_names:
-        if name.startswith("point:@"):  # a marked point inside the block (spec/trace.py)
-            rename[name] = f"point:{layer}{name[len('point:@'):]}"
+        if name.startswith(f"{POINT}@"):  # a marked point inside the block (spec/trace.py)
+            rename[name] = f"{POINT}{layer}{name[len(POINT) + 1:]}"
         elif name.startswith("grad(") and name not in ("grad(in.0)",):
             rename[name] = f"grad({layer}.{name[5:-1]})"
         elif name.startswith("saved."):

@@ -22,6 +22,7 @@ import torch
 from trainverify_dsl.ir.collectives import IR_OPS
 from trainverify_dsl.ir.graph import GraphBuilder, Origin
 from trainverify_dsl.ir.types import TensorType, is_float
+from trainverify_dsl.spec.marks import POINT
 
 DTYPES: dict[torch.dtype, str] = {
     torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64",
@@ -641,7 +642,7 @@ def _mark(cx: Ctx, a: dict[str, Any]) -> V:
     marks its point twice, and the last call's value is the point's (as a forward hook
     recording it would see)."""
     x = a["x"]
-    cx.builder.set_output(f"point:{a['point']}", x.id)
+    cx.builder.set_output(f"{POINT}{a['point']}", x.id)
     return x
 
 

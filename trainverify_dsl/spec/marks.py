@@ -13,7 +13,7 @@ marked points from the IR, not from a second run of the model.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -41,6 +41,11 @@ def _mark_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
 
 
 mark.register_autograd(_mark_backward)
+
+
+def point_values(outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The values at marked points among a step's ``outputs``, by point (``X.out``)."""
+    return {k[len(POINT):]: v for k, v in outputs.items() if k.startswith(POINT)}
 
 
 def module_of(point: str) -> str:

@@ -105,7 +105,10 @@ class _AlgorithmContext:
     def __init__(self, lw: _Lowering) -> None:
         self._lw = lw
         self.fake_mode = lw.mode
-        self.loss_region: set[torch.fx.Node] = set()
+
+    @property
+    def loss_region(self) -> set[torch.fx.Node]:
+        return self._lw.loss_region
 
     def sites(self) -> list[algorithms.Site]:
         return [algorithms.Site(alg.name, path, alg.axes, alg.origin)
@@ -326,7 +329,6 @@ class _Lowering:
         self._assign_stages(graph)
         self.algorithm_context = _AlgorithmContext(self)
         self.loss_region = algorithms.loss_region(self.algorithm_context, graph)
-        self.algorithm_context.loss_region = self.loss_region
         self.skip = algorithms.skipped_nodes(self.algorithm_context, graph)
         for node in graph.nodes:
             if node.op == "call_function" and self.stage_of.get(node) is not None \

@@ -82,6 +82,18 @@ def test_a_send_to_the_wrong_stage_is_seen_by_the_layout_pass_and_by_the_numbers
     assert not result.agrees and result.first is not None and result.first.tensor == "loss"
 
 
+@pytest.mark.parametrize("send", ["send layers.0.out from 0 to 1",
+                                  "send layers.1.out from 1 to 2"])
+def test_a_send_to_the_stage_that_reads_it_has_no_finding_and_agrees(tmp_path: Path,
+                                                                     send: str) -> None:
+    """The wrong-stage check flags only a send whose destination reads another tensor."""
+    text = (ROOT / "plans" / "bugs" / "send_wrong_stage.tvp").read_text()
+    path = tmp_path / "send_ok.tvp"
+    path.write_text(text.replace("send layers.0.out from 0 to 2", send))
+    result = simulate_file(path)
+    assert result.findings == [] and result.agrees
+
+
 def test_cli_json_reports_the_first_difference(capsys: pytest.CaptureFixture[str]) -> None:
     plan = str(ROOT / "plans" / "bugs" / "expert_grads_wrong_group.tvp")
     assert main(["simulate", plan, "--format", "json"]) == 1

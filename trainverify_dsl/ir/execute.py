@@ -6,7 +6,8 @@ forward sweep over the stages (each stage's joint graph on all of its ranks at o
 delivered by the transfer table) and a backward sweep in reverse (cotangents of sends come
 back as gradients of receives), seeded with the program's seed; then the gradient statements
 and the optimizer step on local pieces (ZeRO-1: the rank's block, then an all-gather). Every
-meaning comes from the program; nothing here knows the plan.
+meaning comes from the program; nothing here knows the plan. Values belong to a ``Domain``
+(``ir/interp.py``): numeric by default, the checker's exact symbolic one for proofs.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from typing import Any
 import numpy as np
 
 from trainverify_dsl.ir.batched import evaluate_spmd_batched
-from trainverify_dsl.ir.interp import evaluate_graph, evaluate_spmd
+from trainverify_dsl.ir.interp import NUMERIC, Domain, evaluate_graph, evaluate_spmd
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout, take_local
 from trainverify_dsl.ir.mesh import MeshGroups
-from trainverify_dsl.ir.ops import OPS
 from trainverify_dsl.ir.parallel import ParallelProgram, ParamUpdate, Stage
 
 #: Seed of the generator for free values (Rule 5.2): a fixed, documented choice, so a run is
@@ -33,8 +33,8 @@ FREE_VALUE_SEED = 12345
 class ParallelOutcome:
     """What the plan's step produced, by rank."""
 
-    #: (rank, microbatch) -> local loss
-    losses: dict[tuple[int, int], float] = field(default_factory=dict)
+    #: (rank, microbatch) -> local loss (a 0-d value)
+    losses: dict[tuple[int, int], Any] = field(default_factory=dict)
     #: (marked point, rank, microbatch) -> the local value there
     observed: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict)
     #: rank -> parameter -> final gradient (after the gradient statements)
@@ -46,9 +46,14 @@ class ParallelOutcome:
 
 class _Run:
     def __init__(self, program: ParallelProgram, values: Mapping[str, np.ndarray],
-                 batched: bool) -> None:
-        self.p, self.values = program, values
-        self.spmd = evaluate_spmd_batched if batched else evaluate_spmd
+                 batched: bool, domain: Domain) -> None:
+        self.p, self.values, self.domain = program, values, domain
+        if batched and domain is NUMERIC:
+            self.spmd: Any = evaluate_spmd_batched
+        else:
+            def spmd(graph: Any, feeds: Any, groups: Any) -> Any:
+                return evaluate_spmd(graph, feeds, groups, domain)
+            self.spmd = spmd
         self.mesh = MeshGroups(program.mesh)
         self.sizes = program.sizes
         self.stage_ranks = [self._ranks_of(st.index) for st in program.stages]
@@ -118,12 +123,12 @@ class _Run:
             elif slot.kind == "recv":
                 feed[slot.name] = self._received(stage, slot, rank, m, sends)
             elif slot.kind == "seed":
-                feed[slot.name] = np.full(stage.graph.inputs[len(feed)].type.shape,
-                                          float(self.p.seed))
+                feed[slot.name] = self.domain.fill(stage.graph.inputs[len(feed)].type.shape,
+                                                   self.p.seed)
             else:  # a cotangent: zero unless a later stage sent one back
                 value = cotangents.get((slot.spec, self.peer(rank)))
                 shape = stage.graph.inputs[len(feed)].type.shape
-                feed[slot.name] = np.zeros(shape) if value is None else value
+                feed[slot.name] = self.domain.fill(shape, 0) if value is None else value
         return feed
 
     def _received(self, stage: Stage, slot: Any, rank: int, m: int, sends: Mapping) -> Any:
@@ -133,7 +138,9 @@ class _Run:
         key = (stage.index, slot.spec, rank, m)
         if key not in self.free_values:
             shape = slot.layout.local_shape(self.sizes)
-            self.free_values[key] = self.free.normal(0.0, 1.0, size=shape)
+            free = getattr(self.domain, "free", None)
+            self.free_values[key] = free(shape, key) if free is not None else \
+                self.free.normal(0.0, 1.0, size=shape)
         return self.free_values[key]
 
     def _stage(self, stage: Stage, m: int, sends: dict, cotangents: dict,
@@ -167,7 +174,7 @@ class _Run:
             acc = self.out.grads.setdefault(rank, {})
             acc[slot.spec] = acc.get(slot.spec, 0) + value
         elif slot.kind == "loss":
-            self.out.losses[(rank, m)] = float(value)
+            self.out.losses[(rank, m)] = value
 
     # -- after the backward -------------------------------------------------------------
 
@@ -184,7 +191,8 @@ class _Run:
                     # verifier guarantees a group holds it on every member or on none
                     if param not in grads.get(group[0], {}):
                         continue
-                    outs = OPS[sync.kind].evaluate([(grads[r][param],) for r in group], attrs)
+                    outs = self.domain.collective(sync.kind, [(grads[r][param],) for r in group],
+                                                  attrs)
                     for r, out in zip(group, outs, strict=True):
                         grads[r][param] = out
 
@@ -202,7 +210,7 @@ class _Run:
             local = [take_local(self.values[u.param], u.block, coords, self.sizes), grad]
             local += [take_local(self.values[f"{s}({u.param})"], u.block, coords, self.sizes)
                       for s in u.states]
-            result = evaluate_graph(u.graph, dict(zip(names, local, strict=True)))
+            result = evaluate_graph(u.graph, dict(zip(names, local, strict=True)), self.domain)
             mine = self.out.updates.setdefault(rank, {})
             for s in u.states:
                 mine[f"new({s}({u.param}))"] = result[f"new({s})"]
@@ -218,7 +226,8 @@ class _Run:
         out: dict[int, np.ndarray] = {}
         for group in self.mesh.groups(axes):
             if all(r in pieces for r in group):
-                gathered = OPS["all_gather"].evaluate([(pieces[r],) for r in group], attrs)
+                gathered = self.domain.collective("all_gather", [(pieces[r],) for r in group],
+                                                  attrs)
                 out.update(zip(group, gathered, strict=True))
         return out
 
@@ -234,9 +243,12 @@ def _block_of(grad: np.ndarray, layout: TLayout, block: TLayout, coords: Mapping
 
 
 def evaluate_parallel(program: ParallelProgram, values: Mapping[str, np.ndarray],
-                      step: bool = True, batched: bool = True) -> ParallelOutcome:
+                      step: bool = True, batched: bool = True,
+                      domain: Domain = NUMERIC) -> ParallelOutcome:
     """The plan's training step on the global input ``values`` (by spec name); with
     ``step=False`` only the microbatch loop (local losses, accumulated gradients before the
     gradient statements). ``batched``: every stage graph runs rank-batched
-    (``ir/batched.py``); ``False`` runs it rank by rank (``evaluate_spmd``, the reference)."""
-    return _Run(program, values, batched).run(step)
+    (``ir/batched.py``); ``False`` runs it rank by rank (``evaluate_spmd``, the reference).
+    ``domain``: the values' domain (a non-numeric one always runs rank by rank); a domain with
+    a ``free(shape, key)`` method supplies free values (Rule 5.2) itself."""
+    return _Run(program, values, batched, domain).run(step)

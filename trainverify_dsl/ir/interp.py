@@ -3,6 +3,10 @@
 ``evaluate_graph`` runs a single-device graph. ``evaluate_spmd`` runs one graph on several
 ranks in lock step: ordinary ops run per rank; a collective gathers its operand from every
 rank of each group along its mesh axis and hands back each rank's result.
+
+Both take a ``Domain``: how a value is bound and how an op runs on values. ``NUMERIC`` (the
+default) is the registry's numpy semantics in float64/int64; the checker passes its exact
+symbolic domain (``check/symbolic.py``), so the one program text has one meaning in both.
 """
 
 from __future__ import annotations
@@ -32,13 +36,6 @@ def as_value(array: object, type_: TensorType) -> np.ndarray:
     return value
 
 
-def _bind_inputs(graph: Graph, inputs: Mapping[str, object]) -> list[np.ndarray]:
-    missing = [g.name for g in graph.inputs if g.name not in inputs]
-    if missing:
-        raise InterpError(f"missing graph inputs: {', '.join(missing[:5])}")
-    return [as_value(inputs[g.name], g.type) for g in graph.inputs]
-
-
 def run_node(node: Node, args: tuple[np.ndarray, ...]) -> np.ndarray:
     # NaN/inf results are values like any other (torch computes them too): no warnings.
     with np.errstate(all="ignore"):
@@ -46,27 +43,68 @@ def run_node(node: Node, args: tuple[np.ndarray, ...]) -> np.ndarray:
     return np.asarray(result).astype(numpy_dtype(node.dtype), copy=False)
 
 
-def evaluate_graph(graph: Graph, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
+class Domain:
+    """Values and op semantics. This base class is the numeric domain (``NUMERIC``): the
+    registry's numpy evaluation, carriers float64/int64/bool. A subclass overrides what it
+    computes differently; everything that runs programs (``ir/execute.py``) asks its domain."""
+
+    #: values may be compared with a tolerance (float round-off); ``False``: exact values
+    approximate = True
+
+    def bind(self, array: object, type_: TensorType) -> Any:
+        """A program input as a value of this domain (its shape checked)."""
+        return as_value(array, type_)
+
+    def run(self, node: Node, args: tuple[Any, ...]) -> Any:
+        return run_node(node, args)
+
+    def collective(self, op: str, per_rank: list[tuple[Any, ...]], attrs: Mapping[str, Any]
+                   ) -> list[Any]:
+        """``op`` (a collective of the registry) on one group's operands, in group order."""
+        return OPS[op].evaluate(per_rank, attrs)
+
+    def fill(self, shape: tuple[int, ...], value: Any) -> Any:
+        """A float tensor of ``shape`` holding ``value`` (an int or ``Fraction``) everywhere."""
+        return np.full(shape, float(value))
+
+
+#: The numeric domain (numpy, float64).
+NUMERIC = Domain()
+
+
+def _bind_inputs(graph: Graph, inputs: Mapping[str, object],
+                 domain: Domain = NUMERIC) -> list[Any]:
+    missing = [g.name for g in graph.inputs if g.name not in inputs]
+    if missing:
+        raise InterpError(f"missing graph inputs: {', '.join(missing[:5])}")
+    return [domain.bind(inputs[g.name], g.type) for g in graph.inputs]
+
+
+def evaluate_graph(graph: Graph, inputs: Mapping[str, object],
+                   domain: Domain = NUMERIC) -> dict[str, np.ndarray]:
     """Evaluate ``graph`` on named input arrays; returns the named outputs. Values are dropped
     after their last use (a full training step keeps only its live values)."""
-    values: list[Any] = _bind_inputs(graph, inputs)
+    values: list[Any] = _bind_inputs(graph, inputs, domain)
     dead = _dead_after(graph)
     for k, node in enumerate(graph.nodes):
         if OPS[node.op].collective:
             raise InterpError(f"collective {node.op!r} needs evaluate_spmd")
-        values.append(run_node(node, tuple(values[v] for v in node.inputs)))
+        values.append(domain.run(node, tuple(values[v] for v in node.inputs)))
         for v in dead[k]:
             values[v] = None
     return {name: values[value] for name, value in graph.outputs}
 
 
-def _run_collective(node: Node, per_rank: list[list[np.ndarray]], groups: GroupsFn) -> None:
+def _run_collective(node: Node, per_rank: list[list[Any]], groups: GroupsFn,
+                    domain: Domain = NUMERIC) -> None:
     attrs = node.attr_map()
-    results: dict[int, np.ndarray] = {}
+    results: dict[int, Any] = {}
     for group in groups(attrs["axis"]):
         operands = [tuple(per_rank[r][v] for v in node.inputs) for r in group]
-        for rank, out in zip(group, OPS[node.op].evaluate(operands, attrs), strict=True):
-            results[rank] = np.asarray(out).astype(numpy_dtype(node.dtype), copy=False)
+        outs = domain.collective(node.op, operands, attrs)
+        for rank, out in zip(group, outs, strict=True):
+            results[rank] = np.asarray(out).astype(numpy_dtype(node.dtype), copy=False) \
+                if domain.approximate else out
     for rank, values in enumerate(per_rank):
         if rank not in results:
             raise InterpError(f"rank {rank} is in no group of axis {attrs['axis']!r}")
@@ -88,20 +126,21 @@ def _dead_after(graph: Graph) -> list[list[int]]:
 
 
 def evaluate_spmd(graph: Graph, rank_inputs: Sequence[Mapping[str, object]],
-                  groups: GroupsFn | None = None) -> list[dict[str, np.ndarray]]:
+                  groups: GroupsFn | None = None, domain: Domain = NUMERIC
+                  ) -> list[dict[str, np.ndarray]]:
     """Evaluate ``graph`` on every rank; ``groups(axis)`` gives the rank groups of an axis
     (default: one group of all ranks). Values are dropped after their last use, so memory
     follows the live values, not the whole graph times the ranks."""
     n_ranks = len(rank_inputs)
     groups = groups or (lambda axis: [list(range(n_ranks))])
-    per_rank: list[list[Any]] = [_bind_inputs(graph, inputs) for inputs in rank_inputs]
+    per_rank: list[list[Any]] = [_bind_inputs(graph, inputs, domain) for inputs in rank_inputs]
     dead = _dead_after(graph)
     for k, node in enumerate(graph.nodes):
         if OPS[node.op].collective:
-            _run_collective(node, per_rank, groups)
+            _run_collective(node, per_rank, groups, domain)
         else:
             for values in per_rank:
-                values.append(run_node(node, tuple(values[v] for v in node.inputs)))
+                values.append(domain.run(node, tuple(values[v] for v in node.inputs)))
         for v in dead[k]:
             for values in per_rank:
                 values[v] = None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainverify_dsl.ir.graph import Graph, GraphBuilder, GraphInput
-from trainverify_dsl.ir.interp import as_value, evaluate_graph
+from trainverify_dsl.ir.interp import NUMERIC, Domain, evaluate_graph
 from trainverify_dsl.ir.printer import format_graph
 from trainverify_dsl.ir.types import TensorType
 from trainverify_dsl.ir.verify import graph_problems
@@ -99,15 +99,17 @@ def program_problems(program: Program) -> list[str]:
     return problems
 
 
-def evaluate_program(program: Program, inputs: Mapping[str, object]) -> dict[str, np.ndarray]:
-    """Run every call in order on named input arrays; returns the named outputs."""
-    env: dict[str, np.ndarray] = {g.name: as_value(inputs[g.name], g.type)
+def evaluate_program(program: Program, inputs: Mapping[str, object],
+                     domain: Domain = NUMERIC) -> dict[str, np.ndarray]:
+    """Run every call in order on named input arrays (values of ``domain``, numeric by
+    default); returns the named outputs."""
+    env: dict[str, np.ndarray] = {g.name: domain.bind(inputs[g.name], g.type)
                                   for g in program.inputs}
     table = dict(program.graphs)
     for call in program.calls:
         graph = table[call.graph]
         bound = {g.name: env[arg] for g, arg in zip(graph.inputs, call.args, strict=True)}
-        outputs = evaluate_graph(graph, bound)
+        outputs = evaluate_graph(graph, bound, domain)
         for result, (name, _) in zip(call.results, graph.outputs, strict=True):
             env[result] = outputs[name]
     return {out: env[tensor] for out, tensor in program.outputs}

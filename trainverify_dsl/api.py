@@ -250,6 +250,16 @@ def _quiet(phase: str) -> None:
     del phase
 
 
+def step_values(program: ParallelProgram, reference: Any, model: Any, seed: int = 0
+                ) -> dict[str, np.ndarray]:
+    """The random inputs both programs run on (``seed``): parameters, optimizer states,
+    data, buffers (``simulate.run.random_inputs``) and the states only the plan reads."""
+    rng = np.random.default_rng(seed)
+    values = random_inputs(reference.program.inputs, model, rng)
+    plan_states(program, values, rng)
+    return values
+
+
 def simulate_programs(program: ParallelProgram, reference: Any,
                       reference_opt: Any, model: Any, seed: int = 0,
                       progress: Progress = _quiet) -> SimulationResult:
@@ -257,9 +267,7 @@ def simulate_programs(program: ParallelProgram, reference: Any,
     problems = parallel_problems(program)
     if problems:
         raise AssertionError("invalid parallel program: " + "; ".join(problems[:5]))
-    rng = np.random.default_rng(seed)
-    values = random_inputs(reference.program.inputs, model, rng)
-    plan_states(program, values, rng)
+    values = step_values(program, reference, model, seed)
     progress("evaluating the reference step")
     want = reference.evaluate(values)
     # the reference IR against eager torch first: a verdict on a wrong reference is no verdict
@@ -270,18 +278,27 @@ def simulate_programs(program: ParallelProgram, reference: Any,
     return compare_programs(program, want, values, reference_opt)
 
 
-def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None,
-                  allow_model_outside_root: bool = False,
-                  stop_on_errors: bool = True, max_memory: int | None = None,
-                  progress: Progress = _quiet) -> SimulationResult:
-    """Raises ``SimulationSetupError`` (with diagnostics when the plan has errors at full
-    size, or its estimated memory exceeds ``max_memory`` bytes: TVP501) or ``SpecError``.
-    ``shrink``: ``None`` shrinks large models, ``True`` always, ``False`` never
-    (``prepare``). ``allow_model_outside_root``: see ``prepare``. ``stop_on_errors=False``
-    simulates a plan with full-size errors too (tests measure what a wrong plan computes); its
-    ``findings`` then hold the errors. ``max_memory``: the budget in bytes (default: half of
-    the machine's memory, ``simulate.budget``). Mesh axes no statement uses run at size 1.
-    ``progress`` is told each phase as it starts."""
+@dataclass
+class Programs:
+    """What ``tvp simulate`` and ``tvp check`` compare: the plan's parallel program and the
+    reference step at the (shrunk) sizes, with what was found on the way."""
+
+    setup: SimulationSetup
+    program: ParallelProgram
+    #: the traced reference step (``spec.trace.SpecTrace``-like: ``program``, ``evaluate``)
+    spec: Any
+    reference_opt: Any
+    #: the full-size layout pass's diagnostics
+    findings: list[Diagnostic]
+    idle: dict[str, int]
+    estimated_bytes: int
+
+
+def build_programs(path: str | Path, *, shrink: bool | None = None,
+                   allow_model_outside_root: bool = False, stop_on_errors: bool = True,
+                   max_memory: int | None = None, progress: Progress = _quiet) -> Programs:
+    """The layout pass at full size, then the plan's parallel program and the reference step
+    at the shrunk sizes (``simulate_file`` explains the arguments and errors)."""
     progress("layout pass at full size")
     findings, full_size = _layout_pass(path, allow_model_outside_root)
     errors = [d for d in findings if d.severity is Severity.ERROR]
@@ -322,10 +339,153 @@ def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None
     need = estimate(program, [g.type for g in spec.program.inputs], spec.program)
     if need.bytes > budget:
         raise SimulationSetupError([over_budget(setup.plan, need, budget, shrunk)])
-    result = simulate_programs(program, spec, reference_opt, setup.build_real(), seed,
-                               progress)
-    result.sizes = dict(setup.overrides)
-    result.idle_axes = idle
-    result.estimated_bytes = need.bytes
-    result.findings = findings
+    return Programs(setup, program, spec, reference_opt, findings, idle, need.bytes)
+
+
+def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None,
+                  allow_model_outside_root: bool = False,
+                  stop_on_errors: bool = True, max_memory: int | None = None,
+                  progress: Progress = _quiet) -> SimulationResult:
+    """Raises ``SimulationSetupError`` (with diagnostics when the plan has errors at full
+    size, or its estimated memory exceeds ``max_memory`` bytes: TVP501) or ``SpecError``.
+    ``shrink``: ``None`` shrinks large models, ``True`` always, ``False`` never
+    (``prepare``). ``allow_model_outside_root``: see ``prepare``. ``stop_on_errors=False``
+    simulates a plan with full-size errors too (tests measure what a wrong plan computes); its
+    ``findings`` then hold the errors. ``max_memory``: the budget in bytes (default: half of
+    the machine's memory, ``simulate.budget``). Mesh axes no statement uses run at size 1.
+    ``progress`` is told each phase as it starts."""
+    built = build_programs(path, shrink=shrink, allow_model_outside_root=allow_model_outside_root,
+                           stop_on_errors=stop_on_errors, max_memory=max_memory,
+                           progress=progress)
+    result = simulate_programs(built.program, built.spec, built.reference_opt,
+                               built.setup.build_real(), seed, progress)
+    result.sizes = dict(built.setup.overrides)
+    result.idle_axes = built.idle
+    result.estimated_bytes = built.estimated_bytes
+    result.findings = built.findings
     return result
+
+
+# -- tvp check ---------------------------------------------------------------------------------
+
+
+def check_pair(built: Programs, values: dict[str, np.ndarray]) -> Any:
+    """The ``check.pair.CheckPair`` of built programs: integer inputs known (``values``)."""
+    from trainverify_dsl.check.pair import CheckPair
+    from trainverify_dsl.ir.types import is_float
+    from trainverify_dsl.simulate.run import recipe
+
+    inputs = {g.name: (g.type.shape, g.type.dtype) for g in built.spec.program.inputs}
+    for name, value in values.items():
+        inputs.setdefault(name, (tuple(np.shape(value)), "f64"))
+    known = {name: np.asarray(values[name]) for name, (_, dtype) in inputs.items()
+             if not is_float(dtype)}
+    return CheckPair(built.spec.program, built.program,
+                     recipe(built.program, built.reference_opt), known, inputs,
+                     dict(built.setup.overrides))
+
+
+def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
+               allow_model_outside_root: bool = False, max_memory: int | None = None,
+               progress: Progress = _quiet) -> Any:
+    """``tvp check``: prove the plan at ``path`` computes the spec's training step. Returns a
+    ``check.verdict.Verdict``; never raises for a bad plan (its diagnostics are in the
+    verdict). ``timeout``: seconds for each solver call."""
+    import time
+
+    from trainverify_dsl.check.verdict import COUNTEREXAMPLE, ERROR, Verdict
+    from trainverify_dsl.spec.errors import SpecError
+    from trainverify_dsl.simulate.torch_step import ReferenceDisagrees
+
+    start = time.perf_counter()
+    verdict = Verdict(ERROR, str(path))
+    try:
+        # always shrunk: the proof's cost grows with every width (the reduction keeps every
+        # split's divisibility; docs/checking.md)
+        built = build_programs(path, shrink=True, allow_model_outside_root=allow_model_outside_root,
+                               stop_on_errors=False, max_memory=max_memory, progress=progress)
+        verdict.sizes, verdict.idle_axes = dict(built.setup.overrides), dict(built.idle)
+        verdict.diagnostics = list(built.findings)
+        model = built.setup.build_real()
+        progress("numeric pre-check: both programs on random values")
+        result = simulate_programs(built.program, built.spec, built.reference_opt, model,
+                                   seed, progress)
+    except SimulationSetupError as error:
+        verdict.diagnostics = list(error.diagnostics)
+        verdict.reason = str(error) if not error.diagnostics else "the plan has errors"
+    except SpecError as error:
+        verdict.diagnostics = at_spec_line(list(error.diagnostics), path)
+        verdict.reason = "the spec model has errors"
+    except LoweringError as error:
+        fallback = Span(str(path), 1, 1, 1, 1)
+        verdict.diagnostics = [to_diagnostic(f, fallback) for f in error.findings]
+        verdict.reason = "the plan cannot be lowered"
+    except ReferenceDisagrees as error:
+        verdict.reason = f"the reference step disagrees with eager torch: {error}"
+    else:
+        errors = [d for d in built.findings if d.severity is Severity.ERROR]
+        if not result.agrees:
+            verdict.verdict = COUNTEREXAMPLE
+            verdict.counterexample = _counterexample(result, seed)
+            verdict.reason = "numeric evaluation of both programs differs (float64, " \
+                             f"seed {seed})"
+        elif errors:
+            verdict.reason = "the layout pass reports errors; a plan with errors is not " \
+                             "proven (numeric evaluation found no difference)"
+        else:
+            values = step_values(built.program, built.spec, model, seed)
+            _prove(verdict, check_pair(built, values), timeout, progress)
+    verdict.seconds = time.perf_counter() - start
+    return verdict
+
+
+def _counterexample(result: SimulationResult, seed: int) -> Any:
+    from trainverify_dsl.check.verdict import Counterexample
+
+    first = result.first
+    assert first is not None
+    return Counterexample(first.check, first.tensor, first.rank, first.rel_error, first.span,
+                          first.detail, seed)
+
+
+def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress) -> None:
+    from trainverify_dsl.check.prove import prove
+    from trainverify_dsl.check.verdict import (
+        BASE_ASSUMPTIONS,
+        ERROR,
+        INCONCLUSIVE,
+        VERIFIED,
+    )
+
+    proof = prove(pair, timeout, progress)
+    verdict.assumptions = list(BASE_ASSUMPTIONS) + _assumptions(pair)
+    verdict.elements, verdict.by_normal_form = proof.elements, proof.by_normal_form
+    verdict.by_expansion, verdict.by_solver = proof.by_expansion, proof.by_solver
+    verdict.stages_total = verdict.stages_unique = 1
+    if proof.status == "proven":
+        verdict.verdict, verdict.stages_proven = VERIFIED, 1
+        verdict.reason = f"{proof.elements:,} elements compared: {proof.by_normal_form:,} " \
+                         f"equal in normal form, {proof.by_expansion:,} by multiplying out, " \
+                         f"{proof.by_solver:,} proven by z3"
+    elif proof.status == "unsupported":
+        verdict.verdict, verdict.reason = INCONCLUSIVE, proof.reason
+    elif proof.status == "failed":  # the numeric checks passed: an internal inconsistency
+        verdict.verdict, verdict.reason = ERROR, f"the symbolic checks failed where the " \
+                                                 f"numeric ones held: {proof.reason}"
+    else:
+        verdict.verdict, verdict.reason = INCONCLUSIVE, proof.reason
+        verdict.open = proof.open[:50]
+
+
+def _assumptions(pair: Any) -> list[str]:
+    out = []
+    if pair.sizes:
+        sizes = ", ".join(f"{k}={v}" for k, v in pair.sizes.items())
+        out.append(f"shape reduction: proven at shrunk widths ({sizes}) that keep every "
+                   "split's divisibility (trainverify_dsl/shrink.py); that the proof carries "
+                   "to the full sizes is argued in docs/checking.md, not proven")
+    if pair.known:
+        names = ", ".join(sorted(pair.known))
+        out.append(f"integer inputs take one drawn value each ({names}): the proof holds for "
+                   "those token ids, labels and masks, not for every value")
+    return out

@@ -1,4 +1,4 @@
-"""Diagnostic codes of running a plan: ``tvp simulate`` (and the checker, which will share them).
+"""Diagnostic codes of running a plan: ``tvp simulate`` and ``tvp check``.
 
 They concern the work a plan asks for, not its meaning; the plan itself may be correct.
 """
@@ -27,4 +27,35 @@ OVER_BUDGET = Code(
     "# tvp simulate big.tvp    (widths shrunk; or raise --max-memory)\n",
 )
 
-CODES: tuple[Code, ...] = (OVER_BUDGET,)
+COUNTEREXAMPLE = Code(
+    "TVP502", "counterexample", Severity.ERROR,
+    "the plan's training step computes something else than the spec's",
+    "`tvp check` evaluated the plan's parallel program and the spec's single-device training "
+    "step on the same random values (float64) and a checked tensor differs: the loss, a "
+    "gradient copy in its final layout, a layout claim, or an updated parameter or optimizer "
+    "state. The diagnostic sits at the plan line of the first failing claim or statement, "
+    "and names the tensor, the rank and the relative error.",
+    "Wrong plans rarely crash: they silently train a different model. A confirmed "
+    "difference is the plan line to fix.",
+    "plan mlp_dp\nspec \"stdlib/models/mlp.py:MLP\" config mlp_tiny batch 8 seq 1\n"
+    "spec-optimizer sgd lr=0.1\nmesh dp=2\nsplit x [dp, -]\nsplit target [dp, -]\n"
+    "all-reduce grad(params) over dp op=sum   # the sum of two local means\n"
+    "optimizer sgd lr=0.1\n",
+    "plan mlp_dp\nspec \"stdlib/models/mlp.py:MLP\" config mlp_tiny batch 8 seq 1\n"
+    "spec-optimizer sgd lr=0.1\nmesh dp=2\nsplit x [dp, -]\nsplit target [dp, -]\n"
+    "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.1\n",
+)
+
+INCONCLUSIVE = Code(
+    "TVP503", "inconclusive", Severity.WARNING,
+    "the checker could neither prove the plan nor find a difference",
+    "Numeric evaluation found no difference, but the proof did not go through: an op has no "
+    "exact encoding for these values (a sort or top-k of computed scores), the solver timed "
+    "out or answered unknown, or the two sides differ only under uninterpreted functions "
+    "(for example `exp(a + b)` against `exp(a) * exp(b)`). The message says which.",
+    "`verified` is said only when every obligation is proven; unknown is not success.",
+    "# tvp check plans/deepseek_tiny_ep.tvp   (top-k routing of computed scores)\n",
+    "# raise --timeout, or write the plan's computation as the spec writes it\n",
+)
+
+CODES: tuple[Code, ...] = (OVER_BUDGET, COUNTEREXAMPLE, INCONCLUSIVE)

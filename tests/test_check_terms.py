@@ -1,0 +1,230 @@
+"""The checker's exact values (``check/terms.py``) and the op encodings (``check/symbolic.py``)
+against direct numeric evaluation: the trusted base of every ``verified``.
+
+- Every rewrite of the normal form is an identity of real arithmetic: random expressions
+  built through the normal form evaluate (float64) to what the same expressions evaluate to
+  directly.
+- The normal form decides what parallel plans change (re-associated sums, scaled sums,
+  flattened max) and keeps apart what differs.
+- Every op of the registry has a symbolic encoding, and on random inputs each encoding's
+  terms evaluate to the registry's own numpy result.
+- Multiplying out (``check/expand.py``) proves distributivity the normal form leaves open.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from trainverify_dsl.check import terms as t
+from trainverify_dsl.check.expand import Expander
+from trainverify_dsl.check.symbolic import (
+    ENCODINGS,
+    SymbolicDomain,
+    Unsupported,
+    encoding_problems,
+    variables,
+)
+from trainverify_dsl.ir.graph import GraphBuilder
+from trainverify_dsl.ir.interp import evaluate_graph
+from trainverify_dsl.ir.ops import OPS, _gelu
+from trainverify_dsl.ir.types import TensorType
+
+FUNCTIONS = {
+    "exp": math.exp, "log": math.log, "log1p": math.log1p, "sqrt": math.sqrt,
+    "sin": math.sin, "cos": math.cos, "tanh": math.tanh, "erf": math.erf,
+    "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)), "abs": abs,
+    "sign": lambda x: float(np.sign(x)), "pow": lambda x, y: x ** y,
+    "gelu[none]": lambda x: float(_gelu(np.array(x), "none")),
+    "gelu[tanh]": lambda x: float(_gelu(np.array(x), "tanh")),
+}
+
+
+def value(term: object, env: dict[str, float]) -> float:
+    if isinstance(term, t.Inf):
+        return math.inf * term.sign
+    return t.evaluate(term, env, FUNCTIONS)
+
+
+# -- the normal form is sound ----------------------------------------------------------------
+
+
+def _random_expression(rng: random.Random, leaves: list, depth: int) -> tuple:
+    """(term, python function of env) built the same way."""
+    if depth == 0 or rng.random() < 0.2:
+        name = rng.choice(leaves)
+        return t.var(name), lambda env, n=name: env[n]
+    op = rng.choice(["add", "sub", "mul", "div", "scale", "exp", "max", "neg", "pow"])
+    a, fa = _random_expression(rng, leaves, depth - 1)
+    if op in ("exp", "neg", "scale", "pow"):
+        if op == "exp":
+            return t.app("exp", a), lambda env: math.exp(fa(env))
+        if op == "neg":
+            return -a, lambda env: -fa(env)
+        if op == "pow":
+            return a.power(2), lambda env: fa(env) ** 2
+        k = rng.choice([2, -3, 0.5, 0.125])
+        return a * k, lambda env: fa(env) * k
+    b, fb = _random_expression(rng, leaves, depth - 1)
+    if op == "add":
+        return a + b, lambda env: fa(env) + fb(env)
+    if op == "sub":
+        return a - b, lambda env: fa(env) - fb(env)
+    if op == "mul":
+        return a * b, lambda env: fa(env) * fb(env)
+    if op == "max":
+        return t.lattice("max", (a, b)), lambda env: max(fa(env), fb(env))
+    return a / (b * b + 1), lambda env: fa(env) / (fb(env) ** 2 + 1)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_normal_form_evaluates_like_the_expression(seed: int) -> None:
+    rng = random.Random(seed)
+    leaves = ["a", "b", "c", "d"]
+    term, direct = _random_expression(rng, leaves, 5)
+    for _ in range(3):
+        env = {n: rng.uniform(-1.5, 1.5) for n in leaves}
+        want = direct(env)
+        got = value(term, env)
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-9), (seed, term)
+
+
+def test_what_parallel_plans_change_is_equal_in_normal_form() -> None:
+    a, b, c, d = (t.var(n) for n in "abcd")
+    # partial sums re-associated (all-reduce of partial matmuls)
+    assert (a * b + c * d) is t.Poly.sum([c * d, b * a])
+    # mean of means equals the mean (constants through sums)
+    assert ((a + b) / 2 + (c + d) / 2) / 2 is (a + b + c + d) / 4
+    # a scaled sum times a term, scaled outside or inside
+    assert ((a + b) * 3) * c is ((a + b) * c) * 3
+    # max re-associated and re-ordered (vocabulary-parallel softmax)
+    assert t.lattice("max", [t.lattice("max", [a, b]), c]) is t.lattice("max", [c, b, a])
+    # a common scale of both branches of a choice comes out
+    cond = t.compare(">", a, t.ZERO)
+    assert t.ite(cond, b * 6, t.ZERO) / 2 is t.ite(cond, b * 3, t.ZERO)
+    # cancellation (divisors non-zero)
+    assert (a * b) / b is a
+
+
+def test_what_differs_stays_apart() -> None:
+    a, b, c = (t.var(n) for n in "abc")
+    assert (a + b) * 2 is not a + b
+    assert t.app("exp", a + b) is not t.app("exp", a) * t.app("exp", b)
+    assert t.lattice("max", [a, b]) is not t.lattice("max", [a, c])
+    assert a * b is not a * c
+
+
+def test_infinities_mask_as_in_softmax() -> None:
+    a = t.var("a")
+    assert t.lattice("max", [a, t.NEG_INF]) is a
+    assert (t.NEG_INF - a) is t.NEG_INF
+    with pytest.raises(t.NonReal):
+        _ = t.INF + t.NEG_INF
+    with pytest.raises(t.NonReal):
+        _ = t.NEG_INF * a
+
+
+def test_multiplying_out_proves_distributivity() -> None:
+    a, b, c, m = (t.var(n) for n in "abcm")
+    left = m * (a + b) + m * c  # a partial sum multiplied before the all-reduce
+    right = m * (a + b + c)
+    assert left is not right
+    assert Expander().equal(left, right) is True
+    assert Expander().equal(m * (a + b), m * (a + c)) is None
+
+
+# -- the op encodings ---------------------------------------------------------------------------
+
+
+def test_every_op_has_an_encoding() -> None:
+    assert encoding_problems() == []
+    assert set(ENCODINGS) == set(OPS)
+
+
+def _node(op: str, shapes: list[tuple[int, ...]], attrs: dict, dtypes: list[str] | None = None):
+    builder = GraphBuilder()
+    dtypes = dtypes or ["f64"] * len(shapes)
+    ids = [builder.add_input(f"x{i}", "param", TensorType(s, d))
+           for i, (s, d) in enumerate(zip(shapes, dtypes, strict=True))]
+    out = builder.add(op, ids, attrs)
+    builder.add_output("out", out)
+    return builder.build()
+
+
+#: (op, operand shapes, attrs, dtypes) covering every group of the registry
+CASES = [
+    *[(op, [(2, 3)], {}, None) for op in ("neg", "abs", "sign", "exp", "sqrt", "rsqrt",
+                                           "reciprocal", "sin", "cos", "tanh", "sigmoid",
+                                           "erf", "relu", "log", "log1p")],
+    ("gelu", [(2, 3)], {"approximate": "none"}, None),
+    ("gelu", [(2, 3)], {"approximate": "tanh"}, None),
+    ("clamp", [(2, 3)], {"min": -0.5, "max": 0.5}, None),
+    *[(op, [(2, 3), (2, 3)], {}, None) for op in ("add", "sub", "mul", "div", "maximum",
+                                                   "minimum")],
+    ("add", [(2, 3), (3,)], {}, None),
+    ("where", [(2, 3), (2, 3), (2, 3)], {}, ["bool", "f64", "f64"]),
+    ("sum", [(2, 3, 2)], {"dims": (1,), "keepdim": False}, None),
+    ("mean", [(2, 3, 2)], {"dims": (0, 2), "keepdim": True}, None),
+    ("amax", [(2, 3)], {"dims": (1,), "keepdim": True}, None),
+    ("amin", [(2, 3)], {"dims": (0,), "keepdim": False}, None),
+    ("cumsum", [(2, 3)], {"dim": 1}, None),
+    ("mm", [(2, 3), (3, 4)], {}, None),
+    ("bmm", [(2, 2, 3), (2, 3, 2)], {}, None),
+    ("softmax", [(2, 3)], {"dim": 1}, None),
+    ("log_softmax", [(2, 3)], {"dim": 0}, None),
+    ("softmax_backward", [(2, 3), (2, 3)], {"dim": 1}, None),
+    ("log_softmax_backward", [(2, 3), (2, 3)], {"dim": 1}, None),
+    ("reshape", [(2, 3)], {"shape": (3, 2)}, None),
+    ("permute", [(2, 3)], {"dims": (1, 0)}, None),
+    ("expand", [(1, 3)], {"shape": (2, 3)}, None),
+    ("slice", [(4, 3)], {"dim": 0, "start": 1, "end": 4, "step": 2}, None),
+    ("cat", [(2, 3), (1, 3)], {"dim": 0}, None),
+    ("embedding", [(4, 3), (2,)], {}, ["f64", "i64"]),
+    ("gather", [(2, 3), (2, 2)], {"dim": 1}, ["f64", "i64"]),
+    ("scatter_add", [(2, 3), (2, 2), (2, 2)], {"dim": 1}, ["f64", "i64", "f64"]),
+    ("index_put", [(4, 3), (2, 3), (2,)], {"accumulate": True, "skip": 0},
+     ["f64", "f64", "i64"]),
+    ("gt", [(2, 3), (2, 3)], {}, None),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_encoding_evaluates_like_numpy(case: tuple) -> None:
+    op, shapes, attrs, dtypes = case
+    graph = _node(op, shapes, attrs, dtypes)
+    rng = np.random.default_rng(0)
+    inputs, symbols, env = {}, {}, {}
+    for g in graph.inputs:
+        shape = g.type.shape
+        if g.type.dtype == "i64":
+            inputs[g.name] = rng.integers(0, 2, size=shape)
+            symbols[g.name] = inputs[g.name]
+        elif g.type.dtype == "bool":
+            inputs[g.name] = rng.random(size=shape) < 0.5
+            symbols[g.name] = inputs[g.name]
+        else:
+            positive = op in ("sqrt", "rsqrt", "log", "log1p")
+            inputs[g.name] = rng.uniform(0.2, 2.0, size=shape) if positive else \
+                rng.normal(0.0, 1.0, size=shape)
+            symbols[g.name] = variables(g.name, shape)
+            for index in np.ndindex(*shape):
+                env[f"{g.name}[{','.join(map(str, index))}]"] = float(inputs[g.name][index])
+    want = evaluate_graph(graph, inputs)["out"]
+    got = evaluate_graph(graph, symbols, SymbolicDomain())["out"]
+    assert got.shape == want.shape
+    for index in np.ndindex(*want.shape):
+        element = got[index]
+        number = (value(element, env) if isinstance(element, (t.Poly, t.Inf)) else
+                  t.evaluate(element, env, FUNCTIONS) if isinstance(element, t.Term) else
+                  element)
+        assert float(number) == pytest.approx(float(want[index]), rel=1e-9, abs=1e-12), \
+            (op, index)
+
+
+def test_an_order_of_computed_values_is_unsupported() -> None:
+    graph = _node("topk_indices", [(2, 3)], {"dim": 1, "k": 2, "largest": True})
+    with pytest.raises(Unsupported, match="topk_indices"):
+        evaluate_graph(graph, {"x0": variables("x0", (2, 3))}, SymbolicDomain())

@@ -1,0 +1,161 @@
+"""Equality by expansion: a canonical form for the obligations normalisation left open.
+
+The normal form of ``check/terms.py`` keeps products of sums factored, so ``m*(a+b)`` and
+``m*a + m*b`` are different terms (a partial sum multiplied before its all-reduce). Here a
+term is expanded into a sum of monomials over *atoms*, fully: every product of sums is
+multiplied out. Atoms are variables, applications, max/min, choices and negative powers of
+sums; an atom's arguments are expanded too and the atom is keyed by them, so two
+applications of the same function to arguments that expand to the same sum are one atom
+(congruence). The expansion of a term is therefore canonical for commutative-ring identities
+with uninterpreted functions: equal expansions are a proof (the rewrites are identities of
+real arithmetic, divisors non-zero).
+
+Expansion can grow exponentially, and the two sides of an obligation usually share almost
+everything (hash-consing makes shared sub-terms the same object). So ``Expander.equal``
+first cancels what the two sides share (``a - b`` in normal form), then expands the
+difference to increasing *depths*: at depth ``k`` a sum nested deeper than ``k`` factors is
+an atom of its own, keyed by identity (the same object is the same value), and so are the
+arguments of deeper atoms. The difference expanding to zero at any depth is a proof; a
+budget of monomials bounds every depth (``None``: undecided, the obligation goes to the
+solver or stays open).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+from trainverify_dsl.check import terms as t
+
+Expanded = dict[tuple[tuple[int, int], ...], Fraction]  # monomial (atom id, exponent) -> coeff
+
+
+class TooLarge(Exception):
+    """The expansion exceeds the budget."""
+
+
+class Expander:
+    def __init__(self, budget: int = 20_000, depths: int = 8) -> None:
+        self.budget, self.depths = budget, depths
+        self.memo: dict[tuple[int, int], Expanded] = {}
+        self.atoms: dict[Any, int] = {}
+        #: keeps memoised terms alive, so their ids are not reused
+        self._alive: list[Any] = []
+
+    def equal(self, a: Any, b: Any) -> bool | None:
+        """``True`` when ``a - b`` expands to zero at some depth (a proof); ``None`` when no
+        depth within the budget shows it (undecided: not a proof of difference)."""
+        if isinstance(a, (bool, t.Cmp, t.BoolOp)) or isinstance(b, (bool, t.Cmp, t.BoolOp)):
+            return True if a is b else None
+        if isinstance(a, t.Inf) or isinstance(b, t.Inf):
+            return True if a is b else None
+        difference = a - b
+        self._alive.append(difference)
+        for depth in range(self.depths + 1):
+            try:
+                if not self.expand(difference, depth):
+                    return True
+            except TooLarge:
+                return None
+        return None
+
+    def _key_of(self, term: Any, depth: int) -> Any:
+        if depth < 0 or isinstance(term, (t.Cmp, t.BoolOp)):
+            return ("id", id(term)) if depth < 0 else ("atom", self._atom(term, depth))
+        if isinstance(term, t.Inf):
+            return ("inf", term.sign)
+        return frozenset(self.expand(term, depth).items())
+
+    def expand(self, term: Any, depth: int) -> Expanded:
+        key = (id(term), depth)
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit
+        if isinstance(term, t.Poly):
+            out: Expanded = {(): term.const} if term.const else {}
+            for m, c in term.terms.items():
+                _add(out, self.expand(m, depth), c)
+        elif isinstance(term, t.Monomial):
+            out = {(): Fraction(1)}
+            for f, e in term.powers.items():
+                if e > 0 and isinstance(f, t.Poly) and depth > 0:
+                    for _ in range(e):
+                        out = self._multiply(out, self.expand(f, depth - 1))
+                else:
+                    out = self._multiply(out, {((self._atom(f, depth - 1), e),): Fraction(1)})
+        else:
+            out = {((self._atom(term, depth - 1), 1),): Fraction(1)}
+        if len(out) > self.budget:
+            raise TooLarge
+        self.memo[key] = out
+        self._alive.append(term)
+        return out
+
+    def _multiply(self, x: Expanded, y: Expanded) -> Expanded:
+        if len(x) * len(y) > self.budget * 4:
+            raise TooLarge
+        out: Expanded = {}
+        for mx, cx in x.items():
+            for my, cy in y.items():
+                m = _merge(mx, my)
+                c = out.get(m, Fraction(0)) + cx * cy
+                if c:
+                    out[m] = c
+                else:
+                    out.pop(m, None)
+        if len(out) > self.budget:
+            raise TooLarge
+        return out
+
+    def _atom(self, f: Any, depth: int) -> int:
+        """The id of an atom: by identity below depth 0, else keyed by its kind and its
+        arguments' expansions to ``depth``."""
+        if isinstance(f, t.Var):
+            key: Any = ("var", f.name)
+        elif depth < 0:
+            key = ("id", id(f))
+            self._alive.append(f)
+        elif isinstance(f, t.App):
+            key = ("app", f.fn, tuple(self._key_of(a, depth) for a in f.args))
+        elif isinstance(f, t.Lattice):
+            key = ("lattice", f.kind, frozenset(self._key_of(a, depth) for a in f.args))
+        elif isinstance(f, t.Ite):
+            key = ("ite", self._key_of(f.cond, depth), self._key_of(f.then, depth),
+                   self._key_of(f.other, depth))
+        elif isinstance(f, t.Cmp):
+            key = ("cmp", f.op, self._key_of(f.poly, depth))
+        elif isinstance(f, t.BoolOp):
+            key = ("bool", f.op, frozenset(self._key_of(a, depth) for a in f.args))
+        elif isinstance(f, t.Poly):  # a sum with a negative exponent: keyed by its expansion
+            key = ("sum", self._key_of(f, depth))
+        else:
+            raise TypeError(f"not a term: {f!r}")
+        atom = self.atoms.get(key)
+        if atom is None:
+            atom = self.atoms[key] = len(self.atoms)
+        return atom
+
+
+def _add(out: Expanded, x: Expanded, k: Fraction) -> None:
+    for m, c in x.items():
+        v = out.get(m, Fraction(0)) + c * k
+        if v:
+            out[m] = v
+        else:
+            out.pop(m, None)
+
+
+def _merge(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]
+           ) -> tuple[tuple[int, int], ...]:
+    if not a:
+        return b
+    if not b:
+        return a
+    powers = dict(a)
+    for atom, e in b:
+        n = powers.get(atom, 0) + e
+        if n:
+            powers[atom] = n
+        else:
+            del powers[atom]
+    return tuple(sorted(powers.items()))

@@ -1,0 +1,215 @@
+"""The proof of a pair: both programs run on symbols, the checks compare exact values.
+
+Every float input of the step (parameters, optimizer states, float data, float buffers) is a
+tensor of fresh variables; integer and boolean inputs take the pair's known values. The
+reference step runs through ``ir.program.evaluate_program`` and the plan's parallel program
+through ``ir.execute.evaluate_parallel``, both in the ``SymbolicDomain``: the same code that
+gives them their numeric meaning. Then the named checks of ``ir/compare.py`` run with the
+``Exact`` comparator: two elements are equal when their normal forms are the same term;
+every other pair of elements is an *obligation*, decided by multiplying both sides out
+(``check/expand.py``) or else by z3 (``check/solver.py``). The proof holds when the checks
+found nothing structural (coverage, missing updates, recipe) and every obligation is proven.
+
+One stage today: the whole step, at the pair's (shrunk) sizes. Cutting it at lineages and
+proving each distinct stage once is the next step (issue 9).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trainverify_dsl.check import terms as t
+from trainverify_dsl.check.pair import POINT, CheckPair
+from trainverify_dsl.check.solver import prove_equal
+from trainverify_dsl.check.symbolic import SymbolicDomain, Unsupported, variables
+from trainverify_dsl.ir.compare import Comparison, Pair, run_checks
+from trainverify_dsl.ir.execute import evaluate_parallel
+from trainverify_dsl.ir.program import evaluate_program
+from trainverify_dsl.ir.types import is_float
+
+
+@dataclass
+class Obligation:
+    where: Comparison
+    index: tuple[int, ...]
+    got: Any
+    want: Any
+
+    def describe(self) -> str:
+        w = self.where
+        rank = f" on rank {w.rank}" if w.rank >= 0 else ""
+        index = f"[{','.join(map(str, self.index))}]" if self.index else ""
+        return f"{w.check}: {w.tensor}{index}{rank}"
+
+
+class Exact:
+    """The checks' comparator over exact values (``ir.compare.Comparator``): equal normal
+    forms are equal; any other pair of elements becomes an obligation. It answers "equal"
+    for those too, so every check runs to the end and records every obligation; the
+    verdict is decided by proving them."""
+
+    def __init__(self) -> None:
+        self.obligations: list[Obligation] = []
+        self.elements = 0
+        self.lineage_differences = 0
+
+    def equal(self, got: Any, want: Any, where: Comparison) -> tuple[bool, float]:
+        g = _objects(got)
+        w = _objects(want)
+        differs = []
+        for index in np.ndindex(*g.shape):
+            a, b = g[index], w[index]
+            if a is not b:
+                differs.append((index, a, b))
+        if where.check == "lineages":  # a derived lineage never decides the verdict
+            self.lineage_differences += bool(differs)
+            return not differs, 0.0
+        self.elements += g.size
+        for index, a, b in differs:
+            self.obligations.append(Obligation(where, index, a, b))
+        return True, 0.0
+
+
+def _objects(x: Any) -> np.ndarray:
+    if isinstance(x, np.ndarray) and x.dtype == object:
+        return x
+    out = np.empty(np.shape(x), dtype=object)
+    if isinstance(x, np.ndarray):
+        from trainverify_dsl.check.symbolic import floats
+
+        return floats(x)
+    out[()] = x if isinstance(x, (t.Poly, t.Inf)) else t.Poly.constant(x)
+    return out
+
+
+@dataclass
+class Proof:
+    """What the symbolic run proved."""
+
+    #: ``proven``, ``failed`` (structural findings of the checks), ``open`` (obligations not
+    #: proven) or ``unsupported`` (an op without an exact meaning here)
+    status: str
+    reason: str = ""
+    elements: int = 0
+    by_normal_form: int = 0
+    #: proven by multiplying out (``check/expand.py``)
+    by_expansion: int = 0
+    by_solver: int = 0
+    #: obligations not proven: (where, why)
+    open: list[tuple[str, str]] = field(default_factory=list)
+    #: obligations left untried once the verdict could no longer be ``verified``
+    not_attempted: int = 0
+    #: obligations the solver refuted (under uninterpreted functions), for confirmation
+    refuted: list[tuple[Obligation, Any]] = field(default_factory=list)
+    structural: list[Any] = field(default_factory=list)
+    seconds_symbolic: float = 0.0
+    seconds_solver: float = 0.0
+    term_count: int = 0
+
+
+def symbolic_inputs(pair: CheckPair) -> dict[str, Any]:
+    """Every input of the step by spec name: float ones as fresh variables, the rest as
+    known values."""
+    values: dict[str, Any] = {}
+    for name, (shape, dtype) in pair.inputs.items():
+        if is_float(dtype):
+            values[name] = variables(name, shape)
+        elif name in pair.known:
+            values[name] = pair.known[name]
+        else:
+            raise Unsupported(f"the integer input {name!r} has no known value")
+    return values
+
+
+def prove(pair: CheckPair, timeout_s: float = 60.0,
+          progress: Callable[[str], None] = lambda phase: None) -> Proof:
+    """Prove the pair's two programs equal by every check of ``ir/compare.py``."""
+    t.reset()
+    start = time.perf_counter()
+    domain = SymbolicDomain()
+    try:
+        values = symbolic_inputs(pair)
+        progress("running the reference step on symbols")
+        outputs = evaluate_program(pair.reference, values, domain)
+        progress("running the parallel program on symbols")
+        got = evaluate_parallel(pair.program, values, domain=domain)
+    except Unsupported as error:
+        return Proof("unsupported", str(error), seconds_symbolic=time.perf_counter() - start)
+    want = {k: v for k, v in outputs.items() if not k.startswith(POINT)}
+    points = {k[len(POINT):]: v for k, v in outputs.items() if k.startswith(POINT)}
+    exact = Exact()
+    progress("comparing normal forms")
+    checked = run_checks(Pair(pair.program, want, points, got, pair.recipe, exact, domain))
+    proof = Proof("proven", elements=exact.elements,
+                  seconds_symbolic=time.perf_counter() - start, term_count=len(t._TABLE))
+    proof.by_normal_form = exact.elements - len(exact.obligations)
+    if checked.mismatches:
+        proof.status, proof.structural = "failed", list(checked.mismatches)
+        proof.reason = "; ".join(f"{m.check}: {m.tensor}: {m.detail}"
+                                 for m in checked.mismatches[:3])
+        return proof
+    _solve(exact.obligations, proof, timeout_s, progress)
+    return proof
+
+
+#: An obligation whose two sides together have more distinct sub-terms than this is not handed
+#: to z3 (which times out on them): it stays open.
+SOLVER_MAX_TERMS = 400
+#: After this many open obligations the verdict is inconclusive whatever the rest give; the
+#: rest are counted, not attempted.
+MAX_OPEN = 10
+
+
+def _solve(obligations: list[Obligation], proof: Proof, timeout_s: float,
+           progress: Callable[[str], None]) -> None:
+    from trainverify_dsl.check.expand import Expander
+    from trainverify_dsl.check.solver import Outcome
+
+    start = time.perf_counter()
+    decided: dict[tuple[int, int], Any] = {}
+    expander = Expander()
+    for k, ob in enumerate(obligations):
+        if len(proof.open) >= MAX_OPEN:
+            proof.not_attempted = len(obligations) - k
+            break
+        if k % 50 == 0:
+            progress(f"deciding {len(obligations) - k:,} obligations")
+        key = (id(ob.got), id(ob.want))
+        outcome = decided.get(key)
+        if outcome is None:
+            outcome = decided[key] = _decide(ob, expander, timeout_s)
+        if outcome.status == "expanded":
+            proof.by_expansion += 1
+        elif outcome.status == "proven":
+            proof.by_solver += 1
+        else:
+            if outcome.status == "refuted":
+                proof.refuted.append((ob, outcome))
+            proof.open.append((ob.describe(), outcome.reason))
+    proof.seconds_solver = time.perf_counter() - start
+    if proof.open:
+        proof.status = "open"
+        rest = f"; {proof.not_attempted:,} more not attempted" if proof.not_attempted else ""
+        proof.reason = f"{len(proof.open)} of {len(obligations):,} obligations the normal " \
+                       f"form could not decide are not proven{rest} (first: " \
+                       f"{proof.open[0][0]}: {proof.open[0][1]})"
+
+
+def _decide(ob: Obligation, expander: Any, timeout_s: float) -> Any:
+    from trainverify_dsl.check.solver import Outcome
+
+    if expander.equal(ob.got, ob.want):
+        return Outcome("expanded")
+    size = t.size(ob.got) + t.size(ob.want)
+    if size > SOLVER_MAX_TERMS:
+        return Outcome("unknown", f"the two sides differ in normal form and are too large "
+                                  f"for the solver ({size:,} sub-terms)")
+    try:
+        return prove_equal(ob.got, ob.want, timeout_s)
+    except ValueError as error:  # an infinity that cannot be encoded
+        return Outcome("unknown", str(error))

@@ -1,0 +1,672 @@
+"""Exact symbolic values in a canonical form for the algebra parallel plans rearrange.
+
+A real-valued scalar is a ``Poly``: a rational constant plus rational multiples of
+``Monomial``s. A monomial is a product of *factors* with non-zero integer exponents (a
+negative exponent divides). Factors are
+
+- ``Var``: one element of an input tensor (a parameter, an activation, a state);
+- ``App``: an uninterpreted function of polys (``exp``, ``log``, ``sqrt``, ``sigmoid``, ...:
+  the same function on both sides, congruence its only property);
+- ``Lattice``: ``max``/``min`` of a set of polys (associative, commutative, idempotent:
+  nested ones flatten);
+- ``Ite``: ``cond ? a : b`` with a symbolic condition (``Cmp``, ``BoolOp``);
+- a ``Poly`` of two or more terms that is multiplied by something non-constant: it stays a
+  factor (products are not expanded, so a value's size follows the computation, not its
+  expansion), normalised to be *primitive* (its leading coefficient is 1; the content moves
+  to the monomial's coefficient).
+
+Every term is hash-consed (``_intern``): structurally equal terms are the same object, so
+equality is ``is``. The normal form decides equality up to what parallel plans change:
+re-association and re-ordering of sums (partial sums, all-reduce, gradient accumulation) and
+of max/min (vocabulary-parallel softmax), constant factors moved through sums (averages,
+loss scales, mean of means), and cancellation ``x * x**-1 = 1``. It does not expand products
+of sums (``(a+b)*c`` stays factored while ``a*c + b*c`` is a sum): values equal only by
+distributivity have different forms and go to the solver (``check/solver.py``).
+
+Soundness (what the checker rests on): every rewrite here is an identity of real arithmetic
+given that divisors are non-zero; ``tests/test_check_terms.py`` holds the normal form to a
+direct float evaluation of the same expressions.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterable
+from fractions import Fraction
+from typing import Any
+
+#: name -> interned term (cleared by ``reset``)
+_TABLE: dict[Any, Any] = {}
+
+
+def _intern(cls: type, key: Any, *fields: Any) -> Any:
+    term = _TABLE.get(key)
+    if term is None:
+        term = object.__new__(cls)
+        term._init(*fields)
+        _TABLE[key] = term
+    return term
+
+
+def _rational(value: Any) -> Fraction:
+    """An exact rational for a Python/numpy number; a float is read as the simplest rational
+    that rounds to it (``0.1`` is 1/10): the program meant that real number."""
+    if isinstance(value, Fraction):
+        return value
+    if isinstance(value, (bool, int)) or (hasattr(value, "dtype") and value.dtype.kind in "biu"):
+        return Fraction(int(value))
+    x = float(value)
+    if not math.isfinite(x):
+        raise NonReal(f"the constant {x} is not a real number")
+    exact = Fraction(x)
+    simple = exact.limit_denominator(1 << 24)
+    return simple if float(simple) == x else exact
+
+
+class NonReal(ValueError):
+    """A value with no meaning over the reals (an infinite constant, a division by zero)."""
+
+
+# -- factors ---------------------------------------------------------------------------------
+
+
+def _stable(text: str) -> int:
+    """A hash of ``text`` that does not depend on ``PYTHONHASHSEED`` (so normal forms, and
+    with them which obligations reach the solver, are the same on every run)."""
+    return zlib.crc32(text.encode())
+
+
+class Term:
+    """Base of every interned term; ``skey`` is a structural hash (stable across runs), used
+    to order terms canonically and to pick a poly's leading term."""
+
+    __slots__ = ("skey",)
+
+
+class Var(Term):
+    __slots__ = ("name",)
+
+    def _init(self, name: str) -> None:
+        self.name = name
+        self.skey = hash((1, _stable(name)))
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def var(name: str) -> Poly:
+    return Poly.of_factor(_intern(Var, ("var", name), name))
+
+
+class App(Term):
+    """An uninterpreted function applied to polys."""
+
+    __slots__ = ("fn", "args")
+
+    def _init(self, fn: str, args: tuple[Poly, ...]) -> None:
+        self.fn, self.args = fn, args
+        self.skey = hash((2, _stable(fn)) + tuple(a.skey for a in args))
+
+    def __repr__(self) -> str:
+        return f"{self.fn}({', '.join(map(repr, self.args))})"
+
+
+def app(fn: str, *args: Poly) -> Poly:
+    return Poly.of_factor(_intern(App, ("app", fn) + tuple(map(id, args)), fn, args))
+
+
+class Lattice(Term):
+    """``max`` or ``min`` of two or more distinct polys."""
+
+    __slots__ = ("kind", "args")
+
+    def _init(self, kind: str, args: frozenset[Poly]) -> None:
+        self.kind, self.args = kind, args
+        self.skey = hash((3, _stable(kind), frozenset(a.skey for a in args)))
+
+    def __repr__(self) -> str:
+        return f"{self.kind}({', '.join(sorted(map(repr, self.args)))})"
+
+
+def lattice(kind: str, values: Iterable[Any]) -> Any:
+    """``max``/``min`` of ``values`` (nested ones of the same kind flattened, duplicates and
+    constants below/above another constant dropped; ``-inf`` ignored by ``max``, ``inf`` by
+    ``min``, the other infinity wins)."""
+    args: set[Poly] = set()
+    for v in values:
+        if isinstance(v, Inf):
+            if (v.sign > 0) == (kind == "max"):
+                return v
+            continue
+        f = v.single_factor()
+        if isinstance(f, Lattice) and f.kind == kind:
+            args.update(f.args)
+        else:
+            args.add(v)
+    consts = [a.const for a in args if a.is_const]
+    if len(consts) > 1:
+        keep = max(consts) if kind == "max" else min(consts)
+        args = {a for a in args if not a.is_const} | {Poly.constant(keep)}
+    if not args:
+        return NEG_INF if kind == "max" else INF
+    if len(args) == 1:
+        return next(iter(args))
+    frozen = frozenset(args)
+    return Poly.of_factor(_intern(Lattice, (kind, frozen), kind, frozen))
+
+
+class Cmp(Term):
+    """The boolean ``poly OP 0`` with ``OP`` in ``> >= ==``; the poly is scaled so its
+    leading coefficient is 1 (by a positive number for the inequalities)."""
+
+    __slots__ = ("op", "poly")
+
+    def _init(self, op: str, poly: Poly) -> None:
+        self.op, self.poly = op, poly
+        self.skey = hash((4, _stable(op), poly.skey))
+
+    def __repr__(self) -> str:
+        return f"({self.poly!r} {self.op} 0)"
+
+
+class BoolOp(Term):
+    """``not``, ``and``, ``or`` of symbolic booleans."""
+
+    __slots__ = ("op", "args")
+
+    def _init(self, op: str, args: Any) -> None:
+        self.op, self.args = op, args
+        self.skey = hash((5, _stable(op)) + tuple(sorted(a.skey for a in args)))
+
+    def __repr__(self) -> str:
+        return f"{self.op}({', '.join(map(repr, self.args))})"
+
+
+Bool = Any  # a Python bool, a Cmp or a BoolOp
+
+
+def compare(op: str, a: Poly, b: Poly) -> Bool:
+    """``a OP b`` for ``OP`` in ``> >= < <= == !=``: a Python bool when the difference is a
+    constant, else a symbolic boolean."""
+    if op in ("<", "<="):
+        return compare(">" if op == "<" else ">=", b, a)
+    if op == "!=":
+        return negate(compare("==", a, b))
+    if isinstance(a, Inf) or isinstance(b, Inf):
+        return _compare_inf(op, a, b)
+    diff = a - b
+    if diff.is_const:
+        c = diff.const
+        return bool(c > 0 if op == ">" else c >= 0 if op == ">=" else c == 0)
+    lead = diff.lead_coefficient()
+    scale = abs(lead) if op != "==" else lead
+    poly = diff * Poly.constant(1 / scale)
+    return _intern(Cmp, ("cmp", op, id(poly)), op, poly)
+
+
+def _compare_inf(op: str, a: Any, b: Any) -> bool:
+    rank = [x.sign * 2 if isinstance(x, Inf) else 0 for x in (a, b)]  # finite sits between
+    if op == "==":
+        return rank[0] == rank[1] and rank[0] != 0
+    if rank[0] == rank[1]:
+        if rank[0] == 0:  # unreachable: one side is infinite
+            raise NonReal("comparison")
+        return op == ">="
+    return rank[0] > rank[1]
+
+
+def negate(b: Bool) -> Bool:
+    if isinstance(b, bool):
+        return not b
+    if isinstance(b, BoolOp) and b.op == "not":
+        return b.args[0]
+    if isinstance(b, Cmp) and b.op == ">":  # not (p > 0)  ==  (-p >= 0)
+        return compare(">=", -b.poly, Poly.constant(0))
+    if isinstance(b, Cmp) and b.op == ">=":
+        return compare(">", -b.poly, Poly.constant(0))
+    return _intern(BoolOp, ("bool", "not", id(b)), "not", (b,))
+
+
+def bool_op(op: str, a: Bool, b: Bool) -> Bool:
+    """``and``/``or`` (``xor`` as its two-term form)."""
+    if op == "xor":
+        return bool_op("or", bool_op("and", a, negate(b)), bool_op("and", negate(a), b))
+    for x, y in ((a, b), (b, a)):
+        if isinstance(x, bool):
+            if op == "and":
+                return y if x else False
+            return True if x else y
+    if a is b:
+        return a
+    args = frozenset((a, b))
+    return _intern(BoolOp, ("bool", op, args), op, args)
+
+
+class Ite(Term):
+    __slots__ = ("cond", "then", "other")
+
+    def _init(self, cond: Term, then: Poly, other: Poly) -> None:
+        self.cond, self.then, self.other = cond, then, other
+        self.skey = hash((6, cond.skey, then.skey, other.skey))
+
+    def __repr__(self) -> str:
+        return f"({self.cond!r} ? {self.then!r} : {self.other!r})"
+
+
+def ite(cond: Bool, then: Any, other: Any) -> Any:
+    if isinstance(cond, bool):
+        return then if cond else other
+    if isinstance(then, Inf) or isinstance(other, Inf):
+        raise NonReal("a symbolic choice of an infinite value")
+    if then is other:
+        return then
+    if isinstance(cond, BoolOp) and cond.op == "not":
+        cond, then, other = cond.args[0], other, then
+    # a common scale comes out: c ? k*a : k*b  ==  k * (c ? a : b), k the lead coefficient
+    k = then.lead_coefficient() if then is not ZERO else other.lead_coefficient()
+    if k and k != 1:
+        then, other = then._scaled(1 / k), other._scaled(1 / k)
+    factor = Poly.of_factor(_intern(Ite, ("ite", id(cond), id(then), id(other)),
+                                    cond, then, other))
+    return factor._scaled(k) if k else factor
+
+
+# -- monomials and polys -----------------------------------------------------------------------
+
+
+class Monomial(Term):
+    """A product of factors with non-zero integer exponents (``powers``: factor -> exponent)."""
+
+    __slots__ = ("powers",)
+
+    def _init(self, powers: dict[Any, int]) -> None:
+        self.powers = powers
+        self.skey = hash(frozenset((f.skey, e) for f, e in powers.items()))
+
+    @staticmethod
+    def make(powers: dict[Any, int]) -> Monomial:
+        key = ("mono", frozenset((id(f), e) for f, e in powers.items()))
+        term = _TABLE.get(key)
+        if term is None:
+            term = object.__new__(Monomial)
+            term._init(powers)
+            _TABLE[key] = term
+        return term
+
+    def times(self, other: Monomial) -> dict[Any, int]:
+        powers = dict(self.powers)
+        for f, e in other.powers.items():
+            n = powers.get(f, 0) + e
+            if n:
+                powers[f] = n
+            else:
+                del powers[f]
+        return powers
+
+    def __repr__(self) -> str:
+        return "*".join(f"{f!r}" if e == 1 else f"{f!r}^{e}" for f, e in self.powers.items())
+
+
+_ZERO = Fraction(0)
+_ONE = Fraction(1)
+
+
+class Poly(Term):
+    """``const + sum(coefficient * monomial)``; immutable, interned, equality is ``is``."""
+
+    __slots__ = ("const", "terms", "__weakref__")
+
+    def _init(self, const: Fraction, terms: dict[Monomial, Fraction]) -> None:
+        self.const, self.terms = const, terms
+        self.skey = hash((const, frozenset((m.skey, c) for m, c in terms.items())))
+
+    # -- construction ---------------------------------------------------------------------
+
+    @staticmethod
+    def make(const: Fraction, terms: dict[Monomial, Fraction]) -> Poly:
+        key = ("poly", const, frozenset((id(m), c) for m, c in terms.items()))
+        term = _TABLE.get(key)
+        if term is None:
+            term = object.__new__(Poly)
+            term._init(const, terms)
+            _TABLE[key] = term
+        return term
+
+    @staticmethod
+    def constant(value: Any) -> Poly:
+        return Poly.make(_rational(value), {})
+
+    @staticmethod
+    def of_factor(factor: Term, exponent: int = 1) -> Poly:
+        return Poly.make(_ZERO, {Monomial.make({factor: exponent}): _ONE})
+
+    @staticmethod
+    def sum(values: Iterable[Poly]) -> Poly:
+        """The sum of many polys in one pass (no intermediate sums)."""
+        const = _ZERO
+        terms: dict[Monomial, Fraction] = {}
+        get = terms.get
+        for v in values:
+            const += v.const
+            for m, c in v.terms.items():
+                terms[m] = get(m, _ZERO) + c
+        return Poly.make(const, {m: c for m, c in terms.items() if c})
+
+    # -- queries -------------------------------------------------------------------------
+
+    @property
+    def is_const(self) -> bool:
+        return not self.terms
+
+    def single_factor(self) -> Term | None:
+        """The factor ``f`` when this poly is exactly ``f`` (coefficient 1, exponent 1)."""
+        if self.const or len(self.terms) != 1:
+            return None
+        (m, c), = self.terms.items()
+        if c != 1 or len(m.powers) != 1:
+            return None
+        (f, e), = m.powers.items()
+        return f if e == 1 else None
+
+    def lead_coefficient(self) -> Fraction:
+        """The coefficient of the term with the smallest structural key (the constant when
+        there are no terms)."""
+        if not self.terms:
+            return self.const
+        m = min(self.terms, key=lambda t: t.skey)
+        return self.terms[m]
+
+    def _as_product(self) -> tuple[Fraction, dict[Any, int]]:
+        """``self == coefficient * prod(f**e)``: a single term as itself, a sum as its content
+        times its primitive part (a factor)."""
+        if not self.const and len(self.terms) == 1:
+            (m, c), = self.terms.items()
+            return c, m.powers
+        lead = self.lead_coefficient()
+        primitive = self if lead == 1 else self._scaled(1 / lead)
+        return lead, {primitive: 1}
+
+    def _scaled(self, k: Fraction) -> Poly:
+        if k == 1:
+            return self
+        if k == 0:
+            return ZERO
+        return Poly.make(self.const * k, {m: c * k for m, c in self.terms.items()})
+
+    # -- arithmetic -------------------------------------------------------------------------
+
+    def __add__(self, other: Any) -> Any:
+        if isinstance(other, Inf):
+            return other + self
+        other = as_poly(other)
+        if not other.terms:
+            return self if not other.const else Poly.make(self.const + other.const, self.terms)
+        if not self.terms:
+            return Poly.make(self.const + other.const, other.terms) if self.const else other
+        return Poly.sum((self, other))
+
+    __radd__ = __add__
+
+    def __neg__(self) -> Poly:
+        return self._scaled(Fraction(-1))
+
+    def __sub__(self, other: Any) -> Any:
+        if isinstance(other, Inf):
+            return (-other) + self
+        return self + (-as_poly(other))
+
+    def __rsub__(self, other: Any) -> Poly:
+        return as_poly(other) + (-self)
+
+    def __mul__(self, other: Any) -> Any:
+        if isinstance(other, Inf):
+            return other * self
+        other = as_poly(other)
+        if not other.terms:
+            return self._scaled(other.const)
+        if not self.terms:
+            return other._scaled(self.const)
+        if DISTRIBUTE:
+            if _single(self) and not _single(other):
+                return _distribute(self, other)
+            if _single(other) and not _single(self):
+                return _distribute(other, self)
+        ca, pa = self._as_product()
+        cb, pb = other._as_product()
+        powers = dict(pa)
+        for f, e in pb.items():
+            n = powers.get(f, 0) + e
+            if n:
+                powers[f] = n
+            else:
+                del powers[f]
+        return _from_product(ca * cb, powers)
+
+    __rmul__ = __mul__
+
+    def inverse(self) -> Poly:
+        if not self.terms:
+            if not self.const:
+                raise NonReal("division by zero")
+            return Poly.make(1 / self.const, {})
+        c, powers = self._as_product()
+        return _from_product(1 / c, {f: -e for f, e in powers.items()})
+
+    def __truediv__(self, other: Any) -> Poly:
+        if isinstance(other, Inf):
+            raise NonReal("division by an infinite value")
+        return self * as_poly(other).inverse()
+
+    def __rtruediv__(self, other: Any) -> Poly:
+        return as_poly(other) * self.inverse()
+
+    def power(self, n: int) -> Poly:
+        if n == 0:
+            return ONE
+        if not self.terms:
+            if not self.const and n < 0:
+                raise NonReal("division by zero")
+            return Poly.make(self.const ** n, {})
+        c, powers = self._as_product()
+        return _from_product(c ** n, {f: e * n for f, e in powers.items()})
+
+    def __repr__(self) -> str:
+        parts = [f"{c}*{m!r}" if c != 1 else repr(m) for m, c in self.terms.items()]
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return "(" + " + ".join(parts) + ")" if len(parts) > 1 else parts[0]
+
+
+#: Whether a single term times a sum distributes over the sum (``m*(a+b) = m*a + m*b``).
+#: Off: distributing at every product grows a value by the contraction width at every matmul
+#: (exponential in depth); ``check/expand.py`` expands only the obligations that need it.
+DISTRIBUTE = False
+
+
+def _single(p: Poly) -> bool:
+    return not p.const and len(p.terms) == 1
+
+
+def _distribute(single: Poly, total: Poly) -> Poly:
+    (m, c), = single.terms.items()
+    terms: dict[Monomial, Fraction] = {}
+    get = terms.get
+    const = _ZERO
+    for other, k in total.terms.items():
+        product = _from_product(c * k, m.times(other))  # x * x^-1 cancels to a constant
+        const += product.const
+        for pm, pc in product.terms.items():
+            terms[pm] = get(pm, _ZERO) + pc
+    if total.const:
+        terms[m] = get(m, _ZERO) + c * total.const
+    return Poly.make(const, {k: v for k, v in terms.items() if v})
+
+
+def _from_product(coefficient: Fraction, powers: dict[Any, int]) -> Poly:
+    if not coefficient:
+        return ZERO
+    if not powers:
+        return Poly.make(coefficient, {})
+    if len(powers) == 1:
+        (f, e), = powers.items()
+        if e == 1 and isinstance(f, Poly):  # a lone sum factor is the sum itself
+            return f._scaled(coefficient)
+    return Poly.make(_ZERO, {Monomial.make(powers): coefficient})
+
+
+def as_poly(value: Any) -> Poly:
+    if isinstance(value, Poly):
+        return value
+    if isinstance(value, Term):
+        raise TypeError(f"{value!r} is a boolean, not a number")
+    return Poly.constant(value)
+
+
+ZERO = Poly.make(_ZERO, {})
+ONE = Poly.make(_ONE, {})
+
+
+def reset() -> None:
+    """Forget every interned term (between independent checks, to bound memory); ``ZERO``
+    and ``ONE`` stay (other modules hold them). Terms made before a reset never equal terms
+    made after it: never mix them."""
+    _TABLE.clear()
+    _TABLE[("poly", _ZERO, frozenset())] = ZERO
+    _TABLE[("poly", _ONE, frozenset())] = ONE
+
+
+class Inf:
+    """``+inf`` or ``-inf`` (``INF``, ``NEG_INF``): only where a program masks with it (a
+    causal mask fills scores with ``-inf``; ``exp`` of it is 0, ``max`` ignores it). Anything
+    with no real meaning (``inf - inf``, ``inf * x`` for a symbolic ``x``) is ``NonReal``."""
+
+    __slots__ = ("sign",)
+
+    def __init__(self, sign: int) -> None:
+        self.sign = sign
+
+    def __repr__(self) -> str:
+        return "inf" if self.sign > 0 else "-inf"
+
+    def __add__(self, other: Any) -> Inf:
+        if isinstance(other, Inf) and other.sign != self.sign:
+            raise NonReal("inf - inf")
+        return self  # a real plus an infinity (symbolic values are real, so finite)
+
+    __radd__ = __add__
+
+    def __neg__(self) -> Inf:
+        return INF if self.sign < 0 else NEG_INF
+
+    def __sub__(self, other: Any) -> Inf:
+        return self + (-other if isinstance(other, Inf) else other)
+
+    def __rsub__(self, other: Any) -> Inf:
+        return -self
+
+    def __mul__(self, other: Any) -> Inf:
+        if isinstance(other, Inf):
+            return INF if other.sign == self.sign else NEG_INF
+        p = as_poly(other)
+        if not p.is_const or not p.const:
+            raise NonReal(f"{self!r} times {p!r}")
+        return self if p.const > 0 else -self
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other: Any) -> Inf:
+        p = as_poly(other)
+        if not p.is_const or not p.const:
+            raise NonReal(f"{self!r} divided by {p!r}")
+        return self if p.const > 0 else -self
+
+
+INF = Inf(1)
+NEG_INF = Inf(-1)
+
+
+# -- numeric evaluation (tests and the check of a solver's model) ------------------------------
+
+
+def evaluate(term: Any, env: dict[str, float], functions: dict[str, Any],
+             memo: dict[int, Any] | None = None) -> Any:
+    """The value of ``term`` with variables from ``env`` and function symbols from
+    ``functions`` (``exp`` -> ``math.exp``...); booleans evaluate to Python bools."""
+    memo = {} if memo is None else memo
+    key = id(term)
+    if key in memo:
+        return memo[key]
+    if isinstance(term, bool):
+        return term
+    if isinstance(term, Poly):
+        value = float(term.const) + sum(
+            float(c) * evaluate(m, env, functions, memo) for m, c in term.terms.items())
+    elif isinstance(term, Monomial):
+        value = 1.0
+        for f, e in term.powers.items():
+            value *= evaluate(f, env, functions, memo) ** e
+    elif isinstance(term, Var):
+        value = env[term.name]
+    elif isinstance(term, App):
+        value = functions[term.fn](*(evaluate(a, env, functions, memo) for a in term.args))
+    elif isinstance(term, Lattice):
+        vals = [evaluate(a, env, functions, memo) for a in term.args]
+        value = max(vals) if term.kind == "max" else min(vals)
+    elif isinstance(term, Cmp):
+        p = evaluate(term.poly, env, functions, memo)
+        value = p > 0 if term.op == ">" else p >= 0 if term.op == ">=" else p == 0
+    elif isinstance(term, BoolOp):
+        vals = [evaluate(a, env, functions, memo) for a in term.args]
+        value = (not vals[0]) if term.op == "not" else all(vals) if term.op == "and" \
+            else any(vals)
+    elif isinstance(term, Ite):
+        branch = term.then if evaluate(term.cond, env, functions, memo) else term.other
+        value = evaluate(branch, env, functions, memo)
+    else:
+        raise TypeError(f"not a term: {term!r}")
+    memo[key] = value
+    return value
+
+
+def subterms(term: Any) -> list[Any]:
+    """Every distinct sub-term of ``term`` (itself included), each once."""
+    seen: set[int] = set()
+    out: list[Any] = []
+    stack = [term]
+    while stack:
+        t = stack.pop()
+        if id(t) in seen or isinstance(t, bool):
+            continue
+        seen.add(id(t))
+        out.append(t)
+        stack.extend(children(t))
+    return out
+
+
+def variables(term: Any) -> set[str]:
+    """The names of the variables ``term`` depends on."""
+    return {t.name for t in subterms(term) if isinstance(t, Var)}
+
+
+def size(term: Any) -> int:
+    """The number of distinct sub-terms (the DAG's size)."""
+    return len(subterms(term))
+
+
+def children(t: Any) -> tuple[Any, ...]:
+    if isinstance(t, Poly):
+        return tuple(t.terms)
+    if isinstance(t, Monomial):
+        return tuple(t.powers)
+    if isinstance(t, App):
+        return t.args
+    if isinstance(t, Lattice):
+        return tuple(t.args)
+    if isinstance(t, Cmp):
+        return (t.poly,)
+    if isinstance(t, BoolOp):
+        return tuple(t.args)
+    if isinstance(t, Ite):
+        return (t.cond, t.then, t.other)
+    return ()

@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("explain_cmd", "explain a diagnostic code: what, why, example, fix"),
     "spec": ("spec_cmd", "trace a model into the spec IR and summarise it"),
     "simulate": ("simulate_cmd", "run the lowered plan on every rank and compare with the spec"),
+    "check": ("check_cmd", "prove that the plan computes the spec's training step"),
     "run-distributed": ("run_distributed_cmd", "run a small plan as real gloo processes and "
                         "compare with single-device torch"),
 }

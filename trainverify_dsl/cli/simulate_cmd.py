@@ -105,10 +105,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random values' seed (default 0)")
     parser.add_argument("--no-shrink", action="store_true",
                         help="simulate at the plan's own sizes (only for small models)")
-    parser.add_argument("--max-memory", metavar="SIZE", type=_size, default=None,
-                        help="refuse (TVP501) a simulation estimated above SIZE (4G, 512M; "
-                             "default: half of this machine's memory)")
+    add_max_memory_option(parser)
     add_model_root_option(parser)
+
+
+def add_max_memory_option(parser: argparse.ArgumentParser) -> None:
+    """``--max-memory SIZE`` (TVP501), shared by ``tvp simulate`` and ``tvp check``."""
+    parser.add_argument("--max-memory", metavar="SIZE", type=_size, default=None,
+                        help="refuse (TVP501) a plan whose simulation is estimated above SIZE "
+                             "(4G, 512M; default: half of this machine's memory)")
 
 
 def _size(text: str) -> int:

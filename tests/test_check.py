@@ -1,0 +1,146 @@
+"""``tvp check``: verdicts on shipped plans, bug plans and plans that must stay undecided.
+
+- Correct MLP plans (data parallel with accumulation, tensor parallel, ZeRO-1) are
+  ``verified``, every compared element accounted for by one of the three deciders.
+- Bug plans get a counterexample (or their layout error) at their ``# BUG`` line.
+- An op without an exact encoding (top-k routing) and an obligation the deciders cannot
+  settle are ``inconclusive``, never ``verified``.
+- The CLI's exit codes and its one JSON document.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from trainverify_dsl.api import check_file
+from trainverify_dsl.check import prove as prove_module
+from trainverify_dsl.check.verdict import COUNTEREXAMPLE, ERROR, INCONCLUSIVE, VERIFIED
+from trainverify_dsl.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+VERIFIED_PLANS = ["mlp_tiny_dp", "mlp_dp_tp", "mlp_tiny_zero"]
+MLP_BUGS = ["loss_not_scaled", "loss_scaled_twice", "sum_instead_of_avg",
+            "zero_reduce_scatter_order"]
+
+
+def bug_line(path: Path) -> int:
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if "# BUG" in line:
+            return number
+    match = re.match(r"^# bug: .+ \((?:missing after )?line (\d+)\)\.$",
+                     path.read_text().splitlines()[0])
+    assert match, path
+    return int(match.group(1))
+
+
+@pytest.mark.parametrize("name", VERIFIED_PLANS)
+def test_correct_plan_is_verified(name: str) -> None:
+    verdict = check_file(ROOT / "plans" / f"{name}.tvp")
+    assert verdict.verdict == VERIFIED, verdict.reason
+    assert verdict.exit_code == 0
+    assert verdict.elements > 0
+    decided = verdict.by_normal_form + verdict.by_expansion + verdict.by_solver
+    assert decided == verdict.elements
+    assert verdict.stages_proven == verdict.stages_total == 1
+    assert any("real arithmetic" in a for a in verdict.assumptions)
+    assert not verdict.diagnostics
+
+
+@pytest.mark.parametrize("name", MLP_BUGS)
+def test_bug_plan_is_a_counterexample_at_its_line(name: str) -> None:
+    path = ROOT / "plans" / "bugs" / f"{name}.tvp"
+    verdict = check_file(path)
+    assert verdict.verdict in (COUNTEREXAMPLE, ERROR), verdict.reason
+    assert verdict.exit_code == 1
+    lines = {d.span.line for d in verdict.diagnostics if d.span is not None}
+    if verdict.counterexample is not None:
+        assert verdict.counterexample.rel_error > 1e-6
+        if verdict.counterexample.span is not None:
+            lines.add(verdict.counterexample.span.line)
+    assert bug_line(path) in lines, (lines, verdict.reason)
+
+
+def test_a_wrong_scale_without_layout_error_is_a_confirmed_counterexample(
+        tmp_path: Path) -> None:
+    """The gradient average written as a sum: the layout pass cannot see a scale, the
+    numbers can; the counterexample stands at the gradient statement."""
+    text = (ROOT / "plans" / "mlp_tiny_dp.tvp").read_text()
+    wrong = text.replace("all-reduce grad(params) over dp op=avg",
+                         "all-reduce grad(params) over dp op=sum")
+    assert wrong != text
+    plan = tmp_path / "wrong.tvp"
+    plan.write_text(wrong.replace('"stdlib/', f'"{ROOT}/stdlib/'))
+    verdict = check_file(plan, allow_model_outside_root=True)
+    assert verdict.verdict == COUNTEREXAMPLE, verdict.reason
+    line = next(n for n, s in enumerate(wrong.splitlines(), 1) if "op=sum" in s)
+    assert verdict.counterexample is not None
+    assert verdict.counterexample.span.line == line
+
+
+def test_top_k_routing_is_inconclusive_not_verified() -> None:
+    verdict = check_file(ROOT / "plans" / "deepseek_tiny_tp.tvp")
+    assert verdict.verdict == INCONCLUSIVE
+    assert verdict.exit_code == 3
+    assert "topk" in verdict.reason
+
+
+def test_an_obligation_no_decider_settles_is_inconclusive(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """With the normal form unable to decide anything (every element an obligation) and
+    neither multiplying out nor the solver allowed to help, a correct plan is inconclusive:
+    unknown is not success."""
+    from trainverify_dsl.check.solver import Outcome
+
+    monkeypatch.setattr(prove_module.Exact, "equal", _everything_open)
+    monkeypatch.setattr(prove_module, "_decide",
+                        lambda ob, expander, timeout: Outcome("unknown", "z3: timeout"))
+    verdict = check_file(ROOT / "plans" / "mlp_tiny_dp.tvp")
+    assert verdict.verdict == INCONCLUSIVE
+    assert "timeout" in verdict.reason
+    assert verdict.open
+
+
+def _everything_open(self: prove_module.Exact, got: object, want: object, where: object
+                     ) -> tuple[bool, float]:
+    import numpy as np
+
+    if where.check == "lineages":
+        return True, 0.0
+    g = prove_module._objects(got)
+    w = prove_module._objects(want)
+    for index in np.ndindex(*g.shape):
+        self.obligations.append(prove_module.Obligation(where, index, g[index], w[index]))
+    self.elements += g.size
+    return True, 0.0
+
+
+def test_cli_json_document_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["check", "--format", "json", str(ROOT / "plans" / "mlp_tiny_dp.tvp")])
+    document = json.loads(capsys.readouterr().out)
+    assert status == 0
+    for key in ("verdict", "stages_total", "stages_unique", "stages_proven", "seconds",
+                "assumptions", "diagnostics", "counterexample", "plans"):
+        assert key in document
+    assert document["verdict"] == "verified"
+    assert document["plans"][0]["elements"] > 0
+
+    status = main(["check", "--format", "json",
+                   str(ROOT / "plans" / "bugs" / "loss_not_scaled.tvp")])
+    document = json.loads(capsys.readouterr().out)
+    assert status == 1
+    assert document["verdict"] in ("counterexample", "error")
+    assert document["diagnostics"] or document["counterexample"]
+
+
+def test_cli_missing_plan_is_an_error_not_a_traceback(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path: Path) -> None:
+    status = main(["check", str(tmp_path / "nope.tvp")])
+    captured = capsys.readouterr()
+    assert status in (1, 2)
+    assert "Traceback" not in captured.out + captured.err
+    assert "ERROR" in captured.out

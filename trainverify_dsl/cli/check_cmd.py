@@ -1,0 +1,205 @@
+"""``tvp check PLAN...``: prove that each plan computes the spec's training step.
+
+For each plan: the full-size layout pass, the shrunk programs (as ``tvp simulate``), a
+numeric pre-check of both programs on random values (a difference there is a confirmed
+counterexample, reported at its plan line), then the proof: both programs on symbols, every
+check of ``ir/compare.py`` compared in exact normal form, what normalisation leaves to z3
+(``check/``). Verdicts and exit codes (the worst plan decides the exit code):
+
+    verified        every obligation proven                                      exit 0
+    counterexample  both programs evaluated numerically differ                   exit 1
+    error           the plan has errors (diagnostics)                            exit 1
+                    usage or internal error (no diagnostics)                     exit 2
+    inconclusive    neither proven nor refuted (the reason says why)             exit 3
+
+Every verdict lists the assumptions it rests on (real arithmetic, uninterpreted functions,
+the shrunk sizes, the drawn integer inputs). ``--format json`` prints one document::
+
+    {"verdict": ..., "exit_code": ..., "stages_total": ..., "stages_unique": ...,
+     "stages_proven": ..., "seconds": ..., "assumptions": [...], "diagnostics": [...],
+     "counterexample": {...} | null, "plans": [<one such document per plan, with "plan",
+     "reason", "elements", "by_normal_form", "by_expansion", "by_solver", "sizes",
+     "idle_axes", "open">]}
+
+``--format sarif|github`` print the diagnostics, a counterexample (TVP502) and an
+inconclusive verdict (TVP503) at their plan lines. Progress shows on a terminal only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from trainverify_dsl.cli.lint_cmd import add_model_root_option
+from trainverify_dsl.cli.simulate_cmd import add_max_memory_option
+
+#: the order of badness: the worst verdict decides the exit code
+_WORST = {"verified": 0, "inconclusive": 1, "counterexample": 2, "error": 3}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("plans", metavar="PLAN", nargs="+", help=".tvp plan files")
+    parser.add_argument("--format", choices=("text", "json", "sarif", "github"), default="text")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random values of the numeric pre-check (default 0)")
+    parser.add_argument("--timeout", type=float, default=20.0, metavar="S",
+                        help="seconds for each solver call (default 20); a timeout is "
+                             "inconclusive, never verified")
+    add_max_memory_option(parser)
+    add_model_root_option(parser)
+
+
+def check_one(path: str, args: argparse.Namespace, progress: Any) -> Any:
+    """The verdict of one plan; an unexpected exception is an ``error`` verdict."""
+    from trainverify_dsl.api import check_file
+    from trainverify_dsl.check.verdict import ERROR, Verdict
+
+    try:
+        return check_file(path, seed=args.seed, timeout=args.timeout,
+                          allow_model_outside_root=args.allow_model_outside_root,
+                          max_memory=args.max_memory, progress=progress)
+    except Exception as error:  # noqa: BLE001 - an internal error is a verdict, not a traceback
+        return Verdict(ERROR, path, reason=f"internal error: {type(error).__name__}: {error}")
+
+
+def run(args: argparse.Namespace) -> int:
+    import warnings
+
+    from trainverify_dsl.cli.progress import phases
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own deprecations
+    verdicts = []
+    with phases(args.format == "text") as show:
+        for path in args.plans:
+            verdicts.append(check_one(path, args, lambda phase, p=path: show(f"{p}: {phase}")))
+    worst = max(verdicts, key=lambda v: (_WORST[v.verdict], v.exit_code))
+    for v in verdicts:
+        if v.exit_code == 2:
+            print(f"tvp check: {v.plan}: {v.reason}", file=sys.stderr)
+    if args.format == "json":
+        print(json.dumps(document(verdicts), indent=2))
+    elif args.format == "text":
+        sys.stdout.write("".join(text(v) for v in verdicts))
+        if len(verdicts) > 1:
+            summary(verdicts)
+    else:
+        from trainverify_dsl.cli.lint_cmd import render_diagnostics
+
+        found = [d for v in verdicts for d in diagnostics(v)]
+        sys.stdout.write(render_diagnostics(found, list(args.plans), args.format))
+    return worst.exit_code
+
+
+# -- documents -----------------------------------------------------------------------------------
+
+
+def _span(span: Any) -> dict[str, Any]:
+    if span is None:
+        return {"file": None, "line": None, "col": None}
+    return {"file": span.file, "line": span.line, "col": span.col}
+
+
+def _diagnostic(d: Any) -> dict[str, Any]:
+    return {"code": d.code.id, "severity": str(d.severity), "message": d.message,
+            **_span(d.span)}
+
+
+def _counterexample(c: Any) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    return {"check": c.check, "tensor": c.tensor, "rank": c.rank,
+            "rel_error": c.rel_error if math.isfinite(c.rel_error) else None,
+            "detail": c.detail, "seed": c.seed, **_span(c.span)}
+
+
+def plan_document(v: Any) -> dict[str, Any]:
+    return {"plan": v.plan, "verdict": v.verdict, "exit_code": v.exit_code,
+            "reason": v.reason, "stages_total": v.stages_total,
+            "stages_unique": v.stages_unique, "stages_proven": v.stages_proven,
+            "seconds": round(v.seconds, 3), "elements": v.elements,
+            "by_normal_form": v.by_normal_form, "by_expansion": v.by_expansion,
+            "by_solver": v.by_solver,
+            "assumptions": v.assumptions, "sizes": v.sizes, "idle_axes": v.idle_axes,
+            "diagnostics": [_diagnostic(d) for d in v.diagnostics],
+            "counterexample": _counterexample(v.counterexample),
+            "open": [{"where": w, "reason": r} for w, r in v.open]}
+
+
+def document(verdicts: list[Any]) -> dict[str, Any]:
+    """One JSON document for the run, the same keys whatever happened."""
+    plans = [plan_document(v) for v in verdicts]
+    worst = max(verdicts, key=lambda v: (_WORST[v.verdict], v.exit_code))
+    first_cex = next((p["counterexample"] for p in plans if p["counterexample"]), None)
+    assumptions = list(dict.fromkeys(a for v in verdicts for a in v.assumptions))
+    return {"verdict": worst.verdict, "exit_code": worst.exit_code,
+            "stages_total": sum(v.stages_total for v in verdicts),
+            "stages_unique": sum(v.stages_unique for v in verdicts),
+            "stages_proven": sum(v.stages_proven for v in verdicts),
+            "seconds": round(sum(v.seconds for v in verdicts), 3),
+            "assumptions": assumptions,
+            "diagnostics": [d for p in plans for d in p["diagnostics"]],
+            "counterexample": first_cex, "plans": plans}
+
+
+def diagnostics(v: Any) -> list[Any]:
+    """The verdict as diagnostics: the plan's own, then TVP502/TVP503 at their lines."""
+    from trainverify_dsl.report.codes_run import COUNTEREXAMPLE, INCONCLUSIVE
+    from trainverify_dsl.report.diagnostics import Diagnostic
+    from trainverify_dsl.report.span import Span
+
+    found = list(v.diagnostics)
+    whole = Span(v.plan, 1, 1, 1, 1)
+    c = v.counterexample
+    if c is not None:
+        found.append(Diagnostic(COUNTEREXAMPLE, _reading(c), c.span or whole,
+                                (f"found by the check `{c.check}`",)))
+    elif v.verdict == "inconclusive":
+        found.append(Diagnostic(INCONCLUSIVE, v.reason, whole,
+                                tuple(f"{w}: {r}" for w, r in v.open[:5])))
+    return found
+
+
+def _reading(c: Any) -> str:
+    rank = f"on rank {c.rank}" if c.rank >= 0 else "(the logical value)"
+    error = f"relative error {c.rel_error:.3g}" if math.isfinite(c.rel_error) else c.detail
+    detail = f" ({c.detail})" if c.detail and math.isfinite(c.rel_error) else ""
+    return f"{c.tensor} {rank} differs from the spec: {error}{detail}"
+
+
+def _where(span: Any) -> str:
+    return f"{span.file}:{span.line}:{span.col}" if span is not None else "(no plan line)"
+
+
+def text(v: Any) -> str:
+    lines = [f"{_where(d.span)}: {d.severity}: {d.message} [{d.code.id}]"
+             for d in v.diagnostics]
+    head = {"verified": "VERIFIED", "counterexample": "COUNTEREXAMPLE",
+            "inconclusive": "INCONCLUSIVE", "error": "ERROR"}[v.verdict]
+    lines.append(f"{v.plan}: {head} ({v.seconds:.1f} s): {v.reason}")
+    c = v.counterexample
+    if c is not None:
+        lines.append(f"  {_where(c.span)}: {_reading(c)}")
+    for where, reason in v.open[:5]:
+        lines.append(f"  not proven: {where}: {reason}")
+    if len(v.open) > 5:
+        lines.append(f"  ... and {len(v.open) - 5} more")
+    if v.assumptions and v.verdict in ("verified", "inconclusive"):
+        lines.append("  assumptions:")
+        lines += [f"    - {a}" for a in v.assumptions]
+    return "\n".join(lines) + "\n"
+
+
+def summary(verdicts: list[Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="tvp check")
+    for column in ("plan", "verdict", "seconds", "elements", "normal form", "expanded", "z3"):
+        table.add_column(column, justify="left" if column in ("plan", "verdict") else "right")
+    for v in verdicts:
+        table.add_row(v.plan, v.verdict, f"{v.seconds:.1f}", f"{v.elements:,}",
+                      f"{v.by_normal_form:,}", f"{v.by_expansion:,}", f"{v.by_solver:,}")
+    Console(file=sys.stdout, width=120, color_system=None).print(table)

@@ -61,7 +61,7 @@ def _random_expression(rng: random.Random, leaves: list, depth: int) -> tuple:
     a, fa = _random_expression(rng, leaves, depth - 1)
     if op in ("exp", "neg", "scale", "pow"):
         if op == "exp":
-            return t.app("exp", a), lambda env: math.exp(fa(env))
+            return t.exp(a), lambda env: math.exp(fa(env))
         if op == "neg":
             return -a, lambda env: -fa(env)
         if op == "pow":
@@ -109,10 +109,30 @@ def test_what_parallel_plans_change_is_equal_in_normal_form() -> None:
     assert (a * b) / b is a
 
 
+def test_the_exp_identities_make_the_softmax_shift_cancel() -> None:
+    a, b, m = (t.var(n) for n in "abm")
+    assert t.exp(a + b) is t.exp(a) * t.exp(b)
+    assert t.exp(a * 2) is t.exp(a).power(2)
+    assert t.exp(t.app("log", a + b)) is a + b
+    shifted = [t.exp(a - m), t.exp(b - m)]
+    assert shifted[0] / (shifted[0] + shifted[1]) is t.exp(a) / (t.exp(a) + t.exp(b))
+    log_total = t.app("log", shifted[0] + shifted[1])
+    assert t.exp(a - m - log_total) is t.exp(a) / (t.exp(a) + t.exp(b))
+
+
+def test_common_factors_come_out_of_sums() -> None:
+    a, b, x = (t.var(n) for n in "abx")
+    long = t.Poly.sum(t.var(f"y{i}") for i in range(6))
+    assert (a * x + b * x) * long is x * (a + b) * long
+    assert (a / (a + b) + b / (a + b)) * long is long
+
+
 def test_what_differs_stays_apart() -> None:
     a, b, c = (t.var(n) for n in "abc")
     assert (a + b) * 2 is not a + b
     assert t.app("exp", a + b) is not t.app("exp", a) * t.app("exp", b)
+    assert t.exp(a) * t.exp(b) is not t.exp(a) + t.exp(b)
+    assert t.app("sqrt", a + b) is not t.app("sqrt", a) * t.app("sqrt", b)
     assert t.lattice("max", [a, b]) is not t.lattice("max", [a, c])
     assert a * b is not a * c
 
@@ -127,13 +147,20 @@ def test_infinities_mask_as_in_softmax() -> None:
         _ = t.NEG_INF * a
 
 
-def test_multiplying_out_proves_distributivity() -> None:
+def test_short_sums_distribute_in_normal_form() -> None:
     a, b, c, m = (t.var(n) for n in "abcm")
-    left = m * (a + b) + m * c  # a partial sum multiplied before the all-reduce
-    right = m * (a + b + c)
-    assert left is not right
+    assert m * (a + b) + m * c is m * (a + b + c)
+    assert m * (1 - a) is m - m * a
+
+
+def test_multiplying_out_proves_distributivity() -> None:
+    xs = [t.var(f"x{i}") for i in range(8)]
+    m = t.var("m")
+    left = m * t.Poly.sum(xs[:5]) + m * t.Poly.sum(xs[5:])  # partial sums multiplied first
+    right = m * t.Poly.sum(xs)
+    assert left is not right  # long sums stay factored in normal form
     assert Expander().equal(left, right) is True
-    assert Expander().equal(m * (a + b), m * (a + c)) is None
+    assert Expander().equal(m * t.Poly.sum(xs[:6]), m * t.Poly.sum(xs[1:7])) is None
 
 
 # -- the op encodings ---------------------------------------------------------------------------

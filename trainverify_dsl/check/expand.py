@@ -15,7 +15,9 @@ everything (hash-consing makes shared sub-terms the same object). So ``Expander.
 first cancels what the two sides share (``a - b`` in normal form), then expands the
 difference to increasing *depths*: at depth ``k`` a sum nested deeper than ``k`` factors is
 an atom of its own, keyed by identity (the same object is the same value), and so are the
-arguments of deeper atoms. The difference expanding to zero at any depth is a proof; a
+arguments of deeper atoms; up to depth ``depths`` only short sums (at most ``small`` terms)
+are multiplied out, long ones (a cotangent both sides share) stay atoms; the last depth
+multiplies out everything. The difference expanding to zero at any depth is a proof; a
 budget of monomials bounds every depth (``None``: undecided, the obligation goes to the
 solver or stays open).
 """
@@ -35,8 +37,8 @@ class TooLarge(Exception):
 
 
 class Expander:
-    def __init__(self, budget: int = 20_000, depths: int = 8) -> None:
-        self.budget, self.depths = budget, depths
+    def __init__(self, budget: int = 20_000, depths: int = 8, small: int = 6) -> None:
+        self.budget, self.depths, self.small = budget, depths, small
         self.memo: dict[tuple[int, int], Expanded] = {}
         self.atoms: dict[Any, int] = {}
         #: keeps memoised terms alive, so their ids are not reused
@@ -51,7 +53,9 @@ class Expander:
             return True if a is b else None
         difference = a - b
         self._alive.append(difference)
-        for depth in range(self.depths + 1):
+        # first multiply out only short sums (``1 - s``), the long ones (a shared cotangent)
+        # staying atoms by identity; then, deeper, every sum
+        for depth in list(range(1, self.depths + 1)) + [self.depths + 1]:
             try:
                 if not self.expand(difference, depth):
                     return True
@@ -78,7 +82,8 @@ class Expander:
         elif isinstance(term, t.Monomial):
             out = {(): Fraction(1)}
             for f, e in term.powers.items():
-                if e > 0 and isinstance(f, t.Poly) and depth > 0:
+                if e > 0 and isinstance(f, t.Poly) and depth > 0 and \
+                        (len(f.terms) <= self.small or depth > self.depths):
                     for _ in range(e):
                         out = self._multiply(out, self.expand(f, depth - 1))
                 else:

@@ -164,9 +164,7 @@ def _app(name: str, at_neg_inf: Any = None, at_inf: Any = None) -> Callable[[Any
 def _exp(x: Any) -> Any:
     if isinstance(x, Inf):
         return INF if x.sign > 0 else t.ZERO
-    if x is t.ZERO:
-        return t.ONE
-    return t.app("exp", x)
+    return t.exp(x)
 
 
 def _sqrt(x: Any) -> Any:

@@ -116,6 +116,27 @@ def app(fn: str, *args: Poly) -> Poly:
     return Poly.of_factor(_intern(App, ("app", fn) + tuple(map(id, args)), fn, args))
 
 
+def exp(p: Poly) -> Poly:
+    """``exp`` with the two identities of the real function the checker uses (both listed
+    in every verdict): ``exp(a + b) = exp(a) * exp(b)`` and ``exp(log x) = x`` (``log``'s
+    argument positive). So ``exp(x - max) / sum(exp(x_j - max))`` and ``exp(log_softmax(x))``
+    both become ``exp(x) / sum(exp(x_j))``: the max shift of a stable softmax cancels. An
+    integer multiple ``exp(k*m)`` is ``exp(m)**k``."""
+    result = ONE if not p.const else app("exp", Poly.constant(p.const))
+    for m, c in p.terms.items():
+        f = m.powers
+        if c.denominator == 1:
+            if len(f) == 1:
+                (factor, e), = f.items()
+                if isinstance(factor, App) and factor.fn == "log" and e == 1:
+                    result = result * factor.args[0].power(int(c))
+                    continue
+            result = result * app("exp", Poly.make(_ZERO, {m: _ONE})).power(int(c))
+        else:
+            result = result * app("exp", Poly.make(_ZERO, {m: c}))
+    return result
+
+
 class Lattice(Term):
     """``max`` or ``min`` of two or more distinct polys."""
 
@@ -315,10 +336,11 @@ _ONE = Fraction(1)
 class Poly(Term):
     """``const + sum(coefficient * monomial)``; immutable, interned, equality is ``is``."""
 
-    __slots__ = ("const", "terms", "__weakref__")
+    __slots__ = ("const", "terms", "_product", "__weakref__")
 
     def _init(self, const: Fraction, terms: dict[Monomial, Fraction]) -> None:
         self.const, self.terms = const, terms
+        self._product: tuple[Fraction, dict[Any, int]] | None = None
         self.skey = hash((const, frozenset((m.skey, c) for m, c in terms.items())))
 
     # -- construction ---------------------------------------------------------------------
@@ -383,9 +405,42 @@ class Poly(Term):
         if not self.const and len(self.terms) == 1:
             (m, c), = self.terms.items()
             return c, m.powers
-        lead = self.lead_coefficient()
-        primitive = self if lead == 1 else self._scaled(1 / lead)
-        return lead, {primitive: 1}
+        if self._product is None:
+            self._product = self._factor_out()
+        return self._product
+
+    def _factor_out(self) -> tuple[Fraction, dict[Any, int]]:
+        """Content, the factors common to every term (each at its least exponent: ``a*x +
+        b*x = x*(a + b)``, ``e1/S + e2/S = (e1 + e2)/S``) and the primitive rest."""
+        common: dict[Any, int] | None = None if not self.const else {}
+        for m in self.terms:
+            if common is None:
+                common = dict(m.powers)
+            else:
+                common = {f: min(e, m.powers[f]) for f, e in common.items() if f in m.powers}
+                common = {f: e for f, e in common.items() if e}
+            if not common:
+                break
+        if common:
+            inverse = {f: -e for f, e in common.items()}
+            rest: dict[Monomial, Fraction] = {}
+            const = _ZERO
+            for m, c in self.terms.items():
+                powers = m.times(Monomial.make(inverse))
+                if powers:
+                    rest[Monomial.make(powers)] = c
+                else:
+                    const += c
+            core = Poly.make(const, rest)
+        else:
+            common, core = {}, self
+        lead = core.lead_coefficient()
+        primitive = core if lead == 1 else core._scaled(1 / lead)
+        powers = dict(common or {})
+        powers[primitive] = powers.get(primitive, 0) + 1
+        if not powers[primitive]:  # a/(a+b) + b/(a+b): the sum cancels its own inverse
+            del powers[primitive]
+        return lead, powers
 
     def _scaled(self, k: Fraction) -> Poly:
         if k == 1:
@@ -427,11 +482,10 @@ class Poly(Term):
             return self._scaled(other.const)
         if not self.terms:
             return other._scaled(self.const)
-        if DISTRIBUTE:
-            if _single(self) and not _single(other):
-                return _distribute(self, other)
-            if _single(other) and not _single(self):
-                return _distribute(other, self)
+        if _single(self) and not _single(other) and _short(other):
+            return _distribute(self, other)
+        if _single(other) and not _single(self) and _short(self):
+            return _distribute(other, self)
         ca, pa = self._as_product()
         cb, pb = other._as_product()
         powers = dict(pa)
@@ -478,10 +532,17 @@ class Poly(Term):
         return "(" + " + ".join(parts) + ")" if len(parts) > 1 else parts[0]
 
 
-#: Whether a single term times a sum distributes over the sum (``m*(a+b) = m*a + m*b``).
-#: Off: distributing at every product grows a value by the contraction width at every matmul
+#: A single term times a sum of fewer than this many terms distributes over it (``m*(a+b) =
+#: m*a + m*b``): the short sums of a backward (``1 - s``, ``g - mean``) get the same form
+#: whether the plan multiplies before or after adding them. Longer sums stay factored:
+#: distributing every product grows a value by the contraction width at every matmul
 #: (exponential in depth); ``check/expand.py`` expands only the obligations that need it.
-DISTRIBUTE = False
+DISTRIBUTE = 5
+
+
+def _short(p: Poly) -> bool:
+    n = len(p.terms) + (1 if p.const else 0)
+    return 2 <= n < DISTRIBUTE and len(p.terms) >= 1
 
 
 def _single(p: Poly) -> bool:

@@ -24,8 +24,10 @@ EXIT = {VERIFIED: 0, COUNTEREXAMPLE: 1, INCONCLUSIVE: 3, ERROR: 2}
 #: What every proof rests on (listed in every verdict that proves anything).
 BASE_ASSUMPTIONS = (
     "real arithmetic: both programs are read over the real numbers, not floating point",
-    "uninterpreted functions: exp, log, sqrt, sigmoid, tanh, erf, gelu, sin, cos, abs, sign "
-    "are the same unknown function on both sides (congruence is their only property)",
+    "uninterpreted functions: log, sqrt, sigmoid, tanh, erf, gelu, sin, cos, abs, sign are "
+    "the same unknown function on both sides (congruence is their only property); exp too, "
+    "with two identities of the real exp: exp(a + b) = exp(a) * exp(b) and exp(log x) = x "
+    "(the argument of log positive)",
     "divisors are non-zero (x * x^-1 = 1)",
     "no real number is NaN (`isnan` is false)",
 )

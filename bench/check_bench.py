@@ -38,11 +38,15 @@ print(json.dumps({"verdict": v.verdict, "seconds": time.perf_counter() - start,
 """
 
 
-def measure(path: str, runs: int, timeout: float) -> dict:
+def measure(path: str, runs: int, timeout: float, limit: float) -> dict:
     results = []
     for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", CHILD, path, str(timeout)], cwd=ROOT,
-                             capture_output=True, text=True, check=False)
+        try:
+            out = subprocess.run([sys.executable, "-c", CHILD, path, str(timeout)], cwd=ROOT,
+                                 capture_output=True, text=True, check=False, timeout=limit)
+        except subprocess.TimeoutExpired:
+            return {"verdict": f"not finished in {limit:.0f} s", "seconds": limit,
+                    "rss_mib": float("nan"), "reason": "killed by the benchmark"}
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
         if not lines:
             return {"verdict": "crashed", "seconds": float("nan"), "rss_mib": float("nan"),
@@ -60,6 +64,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=20.0)
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--limit", type=float, default=900.0,
+                        help="seconds a plan may take before it is killed (default 900)")
     args = parser.parse_args()
     plans = args.plans or [f"plans/{p}.tvp" for p in SMALL] + \
         [f"plans/bugs/{p}.tvp" for p in BUGS]
@@ -69,7 +75,7 @@ def main() -> None:
     print(header)
     print("|" + "---|" * 10)
     for plan in plans:
-        r = measure(plan, args.runs, args.timeout)
+        r = measure(plan, args.runs, args.timeout, args.limit)
         row = (f"| {plan} | {r['verdict']} | {r['seconds']:.1f} | {r['rss_mib']:.0f} | "
                f"{r.get('elements', '')} | {r.get('normal_form', '')} | "
                f"{r.get('expanded', '')} | {r.get('z3', '')} | "

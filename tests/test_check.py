@@ -144,3 +144,13 @@ def test_cli_missing_plan_is_an_error_not_a_traceback(capsys: pytest.CaptureFixt
     assert status in (1, 2)
     assert "Traceback" not in captured.out + captured.err
     assert "ERROR" in captured.out
+
+
+def test_a_step_too_large_for_one_stage_is_inconclusive(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    from trainverify_dsl.check import terms
+
+    monkeypatch.setattr(terms, "MAX_TERMS", 50)
+    verdict = check_file(ROOT / "plans" / "mlp_tiny_dp.tvp")
+    assert verdict.verdict == INCONCLUSIVE
+    assert "distinct terms" in verdict.reason

@@ -138,13 +138,18 @@ def prove(pair: CheckPair, timeout_s: float = 60.0,
         outputs = evaluate_program(pair.reference, values, domain)
         progress("running the parallel program on symbols")
         got = evaluate_parallel(pair.program, values, domain=domain)
-    except Unsupported as error:
+    except (Unsupported, t.TooManyTerms) as error:
+        t.reset()  # free the terms now
         return Proof("unsupported", str(error), seconds_symbolic=time.perf_counter() - start)
     want = {k: v for k, v in outputs.items() if not k.startswith(POINT)}
     points = {k[len(POINT):]: v for k, v in outputs.items() if k.startswith(POINT)}
     exact = Exact()
     progress("comparing normal forms")
-    checked = run_checks(Pair(pair.program, want, points, got, pair.recipe, exact, domain))
+    try:
+        checked = run_checks(Pair(pair.program, want, points, got, pair.recipe, exact, domain))
+    except t.TooManyTerms as error:
+        t.reset()
+        return Proof("unsupported", str(error), seconds_symbolic=time.perf_counter() - start)
     proof = Proof("proven", elements=exact.elements,
                   seconds_symbolic=time.perf_counter() - start, term_count=len(t._TABLE))
     proof.by_normal_form = exact.elements - len(exact.obligations)

@@ -39,10 +39,25 @@ from typing import Any
 #: name -> interned term (cleared by ``reset``)
 _TABLE: dict[Any, Any] = {}
 
+#: The most distinct terms one proof may make (about 1 KiB each): beyond it ``TooManyTerms``
+#: (the step is too large to prove as one stage; the verdict is inconclusive, not an
+#: exhausted machine).
+MAX_TERMS = 3_000_000
+
+
+class TooManyTerms(Exception):
+    """More than ``MAX_TERMS`` distinct terms."""
+
+
+def _full() -> None:
+    if len(_TABLE) > MAX_TERMS:
+        raise TooManyTerms(f"the symbolic step exceeds {MAX_TERMS:,} distinct terms")
+
 
 def _intern(cls: type, key: Any, *fields: Any) -> Any:
     term = _TABLE.get(key)
     if term is None:
+        _full()
         term = object.__new__(cls)
         term._init(*fields)
         _TABLE[key] = term
@@ -310,6 +325,7 @@ class Monomial(Term):
         key = ("mono", frozenset((id(f), e) for f, e in powers.items()))
         term = _TABLE.get(key)
         if term is None:
+            _full()
             term = object.__new__(Monomial)
             term._init(powers)
             _TABLE[key] = term
@@ -350,6 +366,7 @@ class Poly(Term):
         key = ("poly", const, frozenset((id(m), c) for m, c in terms.items()))
         term = _TABLE.get(key)
         if term is None:
+            _full()
             term = object.__new__(Poly)
             term._init(const, terms)
             _TABLE[key] = term

@@ -462,7 +462,10 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress) -> None:
     verdict.elements, verdict.by_normal_form = proof.elements, proof.by_normal_form
     verdict.by_expansion, verdict.by_solver = proof.by_expansion, proof.by_solver
     verdict.stages_total = verdict.stages_unique = 1
-    if proof.status == "proven":
+    if proof.status == "proven" and not proof.elements:
+        verdict.verdict = INCONCLUSIVE
+        verdict.reason = "nothing was compared (no loss, gradient or update to prove)"
+    elif proof.status == "proven":
         verdict.verdict, verdict.stages_proven = VERIFIED, 1
         verdict.reason = f"{proof.elements:,} elements compared: {proof.by_normal_form:,} " \
                          f"equal in normal form, {proof.by_expansion:,} by multiplying out, " \

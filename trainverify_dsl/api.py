@@ -262,12 +262,15 @@ def step_values(program: ParallelProgram, reference: Any, model: Any, seed: int 
 
 def simulate_programs(program: ParallelProgram, reference: Any,
                       reference_opt: Any, model: Any, seed: int = 0,
-                      progress: Progress = _quiet) -> SimulationResult:
-    """Both programs on the same random values (``seed``), then the named checks."""
+                      progress: Progress = _quiet,
+                      values: dict[str, np.ndarray] | None = None) -> SimulationResult:
+    """Both programs on the same random values (``values``, else ``step_values`` of
+    ``seed``), then the named checks."""
     problems = parallel_problems(program)
     if problems:
         raise AssertionError("invalid parallel program: " + "; ".join(problems[:5]))
-    values = step_values(program, reference, model, seed)
+    if values is None:
+        values = step_values(program, reference, model, seed)
     progress("evaluating the reference step")
     want = reference.evaluate(values)
     # the reference IR against eager torch first: a verdict on a wrong reference is no verdict
@@ -408,8 +411,9 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
         verdict.diagnostics = list(built.findings)
         model = built.setup.build_real()
         progress("numeric pre-check: both programs on random values")
+        values = step_values(built.program, built.spec, model, seed)
         result = simulate_programs(built.program, built.spec, built.reference_opt, model,
-                                   seed, progress)
+                                   seed, progress, values)
     except SimulationSetupError as error:
         verdict.diagnostics = list(error.diagnostics)
         verdict.reason = str(error) if not error.diagnostics else "the plan has errors"
@@ -433,7 +437,6 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
             verdict.reason = "the layout pass reports errors; a plan with errors is not " \
                              "proven (numeric evaluation found no difference)"
         else:
-            values = step_values(built.program, built.spec, model, seed)
             _prove(verdict, check_pair(built, values), timeout, progress)
     verdict.seconds = time.perf_counter() - start
     return verdict

@@ -78,11 +78,11 @@ class Exact:
 def _objects(x: Any) -> np.ndarray:
     if isinstance(x, np.ndarray) and x.dtype == object:
         return x
-    out = np.empty(np.shape(x), dtype=object)
     if isinstance(x, np.ndarray):
         from trainverify_dsl.check.symbolic import floats
 
         return floats(x)
+    out = np.empty((), dtype=object)
     out[()] = x if isinstance(x, (t.Poly, t.Inf)) else t.Poly.constant(x)
     return out
 

@@ -115,7 +115,7 @@ def prove_equal(got: Any, want: Any, timeout_s: float) -> Outcome:
         model = solver.model()
         values = []
         for name, v in encoder.vars.items():
-            value = model.eval(v, model_completion=True)
+            value = model.evaluate(v, model_completion=True)
             values.append((name, _as_float(value)))
         return Outcome("refuted", "the solver found values where the two sides differ",
                        tuple(values))

@@ -34,7 +34,7 @@ import sys
 from typing import Any
 
 from trainverify_dsl.cli.lint_cmd import add_model_root_option
-from trainverify_dsl.cli.simulate_cmd import add_max_memory_option
+from trainverify_dsl.cli.simulate_cmd import _where, add_max_memory_option
 
 #: the order of badness: the worst verdict decides the exit code
 _WORST = {"verified": 0, "inconclusive": 1, "counterexample": 2, "error": 3}
@@ -167,10 +167,6 @@ def _reading(c: Any) -> str:
     error = f"relative error {c.rel_error:.3g}" if math.isfinite(c.rel_error) else c.detail
     detail = f" ({c.detail})" if c.detail and math.isfinite(c.rel_error) else ""
     return f"{c.tensor} {rank} differs from the spec: {error}{detail}"
-
-
-def _where(span: Any) -> str:
-    return f"{span.file}:{span.line}:{span.col}" if span is not None else "(no plan line)"
 
 
 def text(v: Any) -> str:

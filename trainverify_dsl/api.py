@@ -16,7 +16,7 @@ the ``Plan``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +124,6 @@ def prepare(path: str | Path, *, shrink: bool | None = None, real: bool = True,
 def locate_model(plan: Plan, path: Path, allow_outside_root: bool) -> Any:
     """The ``ModelRef`` of the plan's ``spec`` line; a reference that names no file, or a
     file outside the allowed roots, is a ``SpecError`` located at that line."""
-    from dataclasses import replace
-
     from trainverify_dsl.spec.errors import SpecError
     from trainverify_dsl.spec.load import ModelAccess, resolve_ref
 
@@ -169,8 +167,6 @@ def at_spec_line(diagnostics: list[Diagnostic], path: str | Path) -> list[Diagno
     """Spec diagnostics located at a model reference (``nope.py:X``, no source line) are moved
     to the plan's ``spec`` line, which is what the user edits; those at a line of the
     model's own code stay there."""
-    from dataclasses import replace
-
     try:
         plan = resolve_plan(path)
     except SimulationSetupError:
@@ -302,6 +298,14 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
                    max_memory: int | None = None, progress: Progress = _quiet) -> Programs:
     """The layout pass at full size, then the plan's parallel program and the reference step
     at the shrunk sizes (``simulate_file`` explains the arguments and errors)."""
+    from trainverify_dsl.shrink import work_refusal
+
+    refusal = work_refusal(resolve_plan(path))  # from the plan alone: ranks, microbatches
+    if refusal is not None:
+        raise SimulationSetupError([refusal])
+    budget = default_budget() if max_memory is None else max_memory
+    if shrink is False:
+        _refuse_unshrunk(path, budget, allow_model_outside_root)
     progress("layout pass at full size")
     findings, full_size = _layout_pass(path, allow_model_outside_root)
     errors = [d for d in findings if d.severity is Severity.ERROR]
@@ -338,11 +342,30 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     progress("tracing the reference step")
     spec = trace_training_step(setup.fake_model, setup.input_specs, reference_opt, reuse=False,
                                points=reference_points(program))
-    budget = default_budget() if max_memory is None else max_memory
     need = estimate(program, [g.type for g in spec.program.inputs], spec.program)
     if need.bytes > budget:
         raise SimulationSetupError([over_budget(setup.plan, need, budget, shrunk)])
     return Programs(setup, program, spec, reference_opt, findings, idle, need.bytes)
+
+
+def _refuse_unshrunk(path: str | Path, budget: int, allow_model_outside_root: bool) -> None:
+    """At full size the reference step alone holds every parameter and its gradient in
+    float64 (16 bytes a parameter): a model whose parameters already exceed the budget that
+    way is refused (TVP501) from the fake model, before the full-size layout pass and the
+    lowering (a minute for an 8B model) run."""
+    setup = prepare(path, shrink=False, real=False,
+                    allow_model_outside_root=allow_model_outside_root)
+    count = sum(p.numel() for p in setup.fake_model.parameters())
+    floor = 16 * count
+    if floor > budget:
+        need = Estimate(setup.plan.mesh.total_devices if setup.plan.mesh else 1, floor,
+                        (("parameters and gradients of the reference step alone", floor),))
+        diagnostic = over_budget(setup.plan, need, budget, shrunk=False)
+        raise SimulationSetupError([replace(
+            diagnostic, message=diagnostic.message.replace("would need about",
+                                                           "would need at least"),
+            notes=(f"{count:,} parameters counted on the fake (meta) model, before the "
+                   "layout pass and before anything is allocated",))])
 
 
 def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None,

@@ -517,3 +517,63 @@ def without_idle_axes(plan: Any) -> tuple[Any, dict[str, int]]:
         return plan, {}
     axes = tuple(replace(a, size=1) if a.name in idle else a for a in plan.mesh.axes)
     return replace(plan, mesh=replace(plan.mesh, axes=axes)), idle
+
+
+# -- work bounds decided from the plan alone (issue 13): the simulation evaluates every rank
+# (rank-batched, one array row per rank of a stage) and loops over the microbatches, so a
+# mesh of millions of ranks or a loop of millions of microbatches is refused before torch is
+# imported (which alone takes seconds) and before anything is allocated. The limits are far
+# above every published configuration (Llama3-405B: 8,192 ranks, 16 microbatches).
+
+#: The most ranks ``tvp simulate`` and ``tvp check`` evaluate (after idle axes run at size 1).
+MAX_RANKS = 65_536
+#: The most microbatches they loop over.
+MAX_MICROBATCHES = 65_536
+
+
+def work_refusal(plan: Any) -> Any:
+    """TVP501 at the ``mesh`` (or ``microbatches``) line when the plan asks the simulation
+    for more ranks or microbatches than the limits above, else ``None``. Idle axes (no
+    statement uses them) do not count: they run at size 1."""
+    from trainverify_dsl.report.codes_run import OVER_BUDGET
+    from trainverify_dsl.report.diagnostics import Diagnostic
+
+    if plan.mesh is None:
+        return None
+    busy, idle = without_idle_axes(plan)
+    ranks = busy.mesh.total_devices
+    if ranks > MAX_RANKS:
+        shown = " x ".join(f"{a.name}={a.size:,}" for a in busy.mesh.axes if a.size > 1)
+        return Diagnostic(
+            OVER_BUDGET, f"simulating this plan would evaluate {ranks:,} ranks ({shown}), "
+            f"above the limit of {MAX_RANKS:,}", plan.mesh.span,
+            ("decided from the plan alone, before the model is built or anything is "
+             "allocated",) + ((f"idle axes already run at size 1: {', '.join(idle)}",)
+                              if idle else ()),
+            "check the mesh sizes; every published configuration is far below this limit")
+    count = plan.microbatches
+    if count > MAX_MICROBATCHES:
+        origin = plan.header_origin("microbatches")
+        span = origin.report_span if origin is not None else plan.mesh.span
+        return Diagnostic(
+            OVER_BUDGET, f"simulating this plan would loop over {count:,} microbatches, "
+            f"above the limit of {MAX_MICROBATCHES:,}", span,
+            ("decided from the plan alone, before the model is built or anything is "
+             "allocated",), "check the `microbatches` count")
+    return None
+
+
+def file_work_refusal(path: Any) -> Any:
+    """``work_refusal`` of the plan file at ``path`` (torch-free: the CLI asks before the
+    drivers import torch); ``None`` when the plan does not resolve (its errors are reported
+    by the command as usual)."""
+    from trainverify_dsl.plan import resolve_file
+    from trainverify_dsl.report.diagnostics import Severity
+
+    try:
+        result = resolve_file(path)
+    except OSError:
+        return None
+    if result.plan is None or any(d.severity is Severity.ERROR for d in result.diagnostics):
+        return None
+    return work_refusal(result.plan)

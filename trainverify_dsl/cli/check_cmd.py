@@ -54,10 +54,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def check_one(path: str, args: argparse.Namespace, progress: Any) -> Any:
     """The verdict of one plan; an unexpected exception is an ``error`` verdict."""
-    from trainverify_dsl.api import check_file
     from trainverify_dsl.check.verdict import ERROR, Verdict
+    from trainverify_dsl.shrink import file_work_refusal
 
     try:
+        refusal = file_work_refusal(path)  # from the plan alone, before torch is imported
+        if refusal is not None:
+            return Verdict(ERROR, path, reason="the plan asks for more work than the limits",
+                           diagnostics=[refusal])
+        from trainverify_dsl.api import check_file
+
         return check_file(path, seed=args.seed, timeout=args.timeout,
                           allow_model_outside_root=args.allow_model_outside_root,
                           max_memory=args.max_memory, progress=progress)

@@ -256,6 +256,11 @@ def simulate(args: argparse.Namespace) -> Outcome:
 
 
 def _simulate(args: argparse.Namespace) -> Outcome:
+    from trainverify_dsl.shrink import file_work_refusal
+
+    refusal = file_work_refusal(args.plan)  # from the plan alone, before torch is imported
+    if refusal is not None:
+        return refused([refusal])
     from trainverify_dsl.api import SimulationSetupError, at_spec_line, simulate_file
     from trainverify_dsl.cli.progress import phases
     from trainverify_dsl.simulate.torch_step import ReferenceDisagrees

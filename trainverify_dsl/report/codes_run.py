@@ -13,7 +13,10 @@ OVER_BUDGET = Code(
     "gradients and observed values, the global values and the reference step) and refuses a "
     "plan whose estimate exceeds the budget (`--max-memory`, by default half of the machine's "
     "memory). Mesh axes no statement uses are run at size 1 first: they cannot change the "
-    "result.",
+    "result. Before torch is even imported, a plan asking for more than 65,536 busy ranks or "
+    "65,536 microbatches is refused from the plan alone, and `--no-shrink` on a model whose "
+    "parameters and gradients alone (16 bytes a parameter) exceed the budget is refused "
+    "before the full-size layout pass.",
     "Plans arrive from pull requests and search tools, and `tvp simulate` runs in CI: a "
     "mesh of millions of ranks, or `--no-shrink` on an 8B model, would otherwise grow until "
     "the machine kills it instead of failing with a reason.",

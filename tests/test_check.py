@@ -154,3 +154,64 @@ def test_a_step_too_large_for_one_stage_is_inconclusive(monkeypatch: pytest.Monk
     verdict = check_file(ROOT / "plans" / "mlp_tiny_dp.tvp")
     assert verdict.verdict == INCONCLUSIVE
     assert "distinct terms" in verdict.reason
+
+
+def test_a_spent_time_limit_is_inconclusive_not_verified() -> None:
+    """The plan is provable (the quick-start plan), but its time limit is spent before the
+    proof: the verdict is inconclusive with the reason, never verified."""
+    verdict = check_file(ROOT / "plans" / "mlp_tiny_dp.tvp", time_limit=0.0)
+    assert verdict.verdict == INCONCLUSIVE
+    assert verdict.exit_code == 3
+    assert "time limit" in verdict.reason
+
+
+def test_the_time_limit_stops_deciding_obligations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Obligations left when the limit passes are open (inconclusive), not skipped as proven:
+    the first obligation is decided, then the clock is past the deadline."""
+    from trainverify_dsl.check.solver import Outcome
+
+    calls = []
+
+    def decide(ob: object, expander: object, timeout: float) -> Outcome:
+        calls.append(timeout)
+        return Outcome("expanded")
+
+    monkeypatch.setattr(prove_module, "_decide", decide)
+    monkeypatch.setattr(prove_module.Obligation, "describe", lambda self: "x")
+    obligations = [prove_module.Obligation(None, (), object(), object()) for _ in range(2)]
+    # the clock: the start, the first obligation before the deadline (1.0), then past it
+    clock = iter([0.0, 0.0, 5.0, 5.0])
+    monkeypatch.setattr(prove_module.time, "perf_counter", lambda: next(clock))
+    proof = prove_module.Proof("proven")
+    prove_module._solve(obligations, proof, 20.0, lambda phase: None, deadline=1.0)
+    assert calls == [1.0]  # the solver's timeout is cut to what is left of the limit
+    assert proof.status == "open" and proof.open == [("x", "the time limit was reached")]
+    assert proof.by_expansion == 1 and proof.not_attempted == 1
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "soon"])
+def test_cli_rejects_a_bad_time_limit(value: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["check", "--time-limit", value, str(ROOT / "plans" / "mlp_tiny_dp.tvp")])
+    assert info.value.code == 2
+
+
+def test_the_api_checks_a_plan_given_as_text() -> None:
+    """An auto-parallel search hands plans over as text: the verdict is the file's, and a
+    counterexample names the text and the line in it (here the bug plan's `# BUG` line)."""
+    from trainverify_dsl.api import TEXT_PLAN, check
+
+    good = (ROOT / "plans" / "mlp_tiny_dp.tvp").read_text(encoding="utf-8")
+    verdict = check(good)
+    assert verdict.verdict == VERIFIED and verdict.plan == TEXT_PLAN
+
+    bug = ROOT / "plans" / "bugs" / "sum_instead_of_avg.tvp"
+    text = bug.read_text(encoding="utf-8")
+    verdict = check(text)
+    assert verdict.verdict in (COUNTEREXAMPLE, ERROR) and verdict.plan == TEXT_PLAN
+    spans = [d.span for d in verdict.diagnostics]
+    if verdict.counterexample is not None:
+        spans.append(verdict.counterexample.span)
+    assert spans and all(s.file == TEXT_PLAN for s in spans if s is not None)
+    assert bug_line(bug) in {s.line for s in spans if s is not None}
+    assert check(bug).verdict == verdict.verdict  # the path gives the same verdict

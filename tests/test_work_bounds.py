@@ -37,7 +37,7 @@ def _refusal(path: Path):
     return work_refusal(result.plan)
 
 
-@pytest.mark.parametrize("mesh", [f"dp={2**22}", f"dp={2**40}", f"dp=256, tp=512"])
+@pytest.mark.parametrize("mesh", [f"dp={2**22}", f"dp={2**40}", "dp=256, tp=512"])
 def test_a_mesh_of_too_many_busy_ranks_is_refused_at_the_mesh_line(tmp_path: Path,
                                                                    mesh: str) -> None:
     path = _write(tmp_path, mesh)

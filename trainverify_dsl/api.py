@@ -411,17 +411,24 @@ def check_pair(built: Programs, values: dict[str, np.ndarray]) -> Any:
                      dict(built.setup.overrides))
 
 
+#: ``tvp check``'s default limit on one plan, in seconds (``--time-limit``)
+TIME_LIMIT = 600.0
+
+
 def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
                allow_model_outside_root: bool = False, max_memory: int | None = None,
-               progress: Progress = _quiet) -> Any:
+               progress: Progress = _quiet, time_limit: float | None = TIME_LIMIT) -> Any:
     """``tvp check``: prove the plan at ``path`` computes the spec's training step. Returns a
     ``check.verdict.Verdict``; never raises for a bad plan (its diagnostics are in the
-    verdict). ``timeout``: seconds for each solver call."""
+    verdict). ``timeout``: seconds for each solver call. ``time_limit``: seconds for the
+    whole plan (``None``: none); the phases before the proof (layout pass, lowering, numeric
+    pre-check) are not interrupted, the proof stops where the limit finds it and the verdict
+    is ``inconclusive``."""
     import time
 
     from trainverify_dsl.check.verdict import COUNTEREXAMPLE, ERROR, Verdict
-    from trainverify_dsl.spec.errors import SpecError
     from trainverify_dsl.simulate.torch_step import ReferenceDisagrees
+    from trainverify_dsl.spec.errors import SpecError
 
     start = time.perf_counter()
     verdict = Verdict(ERROR, str(path))
@@ -460,8 +467,52 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
             verdict.reason = "the layout pass reports errors; a plan with errors is not " \
                              "proven (numeric evaluation found no difference)"
         else:
-            _prove(verdict, check_pair(built, values), timeout, progress)
+            deadline = None if time_limit is None else start + time_limit
+            _prove(verdict, check_pair(built, values), timeout, progress, deadline)
     verdict.seconds = time.perf_counter() - start
+    return verdict
+
+
+#: What a plan given as text is called in its verdict and diagnostics.
+TEXT_PLAN = "<plan text>"
+
+
+def check(plan: str | Path, *, base_dir: str | Path | None = None, **options: Any) -> Any:
+    """The Python API of ``tvp check`` for tools that check many plans in a loop (an
+    auto-parallel search): ``plan`` is a path (a ``Path``, or a ``str`` without a newline)
+    or the plan's text (a ``str`` with one). Returns the ``check.verdict.Verdict``; never
+    raises for a bad plan. ``options`` are ``check_file``'s. A plan text is written to a
+    temporary file, in ``base_dir`` when given (so a ``spec`` path relative to that folder
+    resolves) and removed afterwards; its diagnostics and counterexample name
+    ``TEXT_PLAN``."""
+    import os
+    import tempfile
+
+    if isinstance(plan, Path) or "\n" not in plan:
+        return check_file(plan, **options)
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(base_dir) if base_dir is not None else Path(scratch)
+        handle, name = tempfile.mkstemp(suffix=".tvp", prefix=".tvp-check-", dir=folder)
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as f:
+                f.write(plan)
+            verdict = check_file(name, **options)
+        finally:
+            Path(name).unlink(missing_ok=True)
+    return _renamed(verdict, name, TEXT_PLAN)
+
+
+def _renamed(verdict: Any, old: str, new: str) -> Any:
+    """``verdict`` with every span in file ``old`` moved to file ``new``."""
+    def move(span: Any) -> Any:
+        return replace(span, file=new) if span is not None and span.file == old else span
+
+    verdict.plan = new if verdict.plan == old else verdict.plan
+    verdict.diagnostics = [replace(d, span=move(d.span)) for d in verdict.diagnostics]
+    if verdict.counterexample is not None:
+        verdict.counterexample = replace(verdict.counterexample,
+                                         span=move(verdict.counterexample.span))
+    verdict.reason = verdict.reason.replace(old, new)
     return verdict
 
 
@@ -474,7 +525,8 @@ def _counterexample(result: SimulationResult, seed: int) -> Any:
                           first.detail, seed)
 
 
-def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress) -> None:
+def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
+           deadline: float | None = None) -> None:
     from trainverify_dsl.check.prove import prove
     from trainverify_dsl.check.verdict import (
         BASE_ASSUMPTIONS,
@@ -483,7 +535,7 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress) -> None:
         VERIFIED,
     )
 
-    proof = prove(pair, timeout, progress)
+    proof = prove(pair, timeout, progress, deadline)
     verdict.assumptions = list(BASE_ASSUMPTIONS) + _assumptions(pair)
     verdict.elements, verdict.by_normal_form = proof.elements, proof.by_normal_form
     verdict.by_expansion, verdict.by_solver = proof.by_expansion, proof.by_solver

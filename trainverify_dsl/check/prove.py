@@ -127,8 +127,24 @@ def symbolic_inputs(pair: CheckPair) -> dict[str, Any]:
 
 
 def prove(pair: CheckPair, timeout_s: float = 60.0,
-          progress: Callable[[str], None] = lambda phase: None) -> Proof:
-    """Prove the pair's two programs equal by every check of ``ir/compare.py``."""
+          progress: Callable[[str], None] = lambda phase: None,
+          deadline: float | None = None) -> Proof:
+    """Prove the pair's two programs equal by every check of ``ir/compare.py``. Past
+    ``deadline`` (``time.perf_counter()``) the proof stops: ``unsupported`` with the reason
+    if it is still running the programs, ``open`` if obligations remain."""
+    t.set_deadline(deadline)
+    try:
+        return _prove(pair, timeout_s, progress, deadline)
+    except t.OutOfTime:
+        t.reset()
+        return Proof("unsupported", "the time limit was reached before both programs ran on "
+                                    "symbols and were compared")
+    finally:
+        t.set_deadline(None)
+
+
+def _prove(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
+           deadline: float | None) -> Proof:
     t.reset()
     start = time.perf_counter()
     domain = SymbolicDomain()
@@ -158,7 +174,7 @@ def prove(pair: CheckPair, timeout_s: float = 60.0,
         proof.reason = "; ".join(f"{m.check}: {m.tensor}: {m.detail}"
                                  for m in checked.mismatches[:3])
         return proof
-    _solve(exact.obligations, proof, timeout_s, progress)
+    _solve(exact.obligations, proof, timeout_s, progress, deadline)
     return proof
 
 
@@ -171,9 +187,8 @@ MAX_OPEN = 10
 
 
 def _solve(obligations: list[Obligation], proof: Proof, timeout_s: float,
-           progress: Callable[[str], None]) -> None:
+           progress: Callable[[str], None], deadline: float | None = None) -> None:
     from trainverify_dsl.check.expand import Expander
-    from trainverify_dsl.check.solver import Outcome
 
     start = time.perf_counter()
     decided: dict[tuple[int, int], Any] = {}
@@ -182,12 +197,23 @@ def _solve(obligations: list[Obligation], proof: Proof, timeout_s: float,
         if len(proof.open) >= MAX_OPEN:
             proof.not_attempted = len(obligations) - k
             break
+        left = None if deadline is None else deadline - time.perf_counter()
+        if left is not None and left <= 0:
+            proof.not_attempted = len(obligations) - k
+            proof.open.append((ob.describe(), "the time limit was reached"))
+            break
         if k % 50 == 0:
             progress(f"deciding {len(obligations) - k:,} obligations")
         key = (id(ob.got), id(ob.want))
         outcome = decided.get(key)
         if outcome is None:
-            outcome = decided[key] = _decide(ob, expander, timeout_s)
+            try:
+                outcome = decided[key] = _decide(
+                    ob, expander, timeout_s if left is None else min(timeout_s, left))
+            except t.OutOfTime:
+                proof.not_attempted = len(obligations) - k
+                proof.open.append((ob.describe(), "the time limit was reached"))
+                break
         if outcome.status == "expanded":
             proof.by_expansion += 1
         elif outcome.status == "proven":

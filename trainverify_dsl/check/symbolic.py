@@ -480,6 +480,7 @@ class SymbolicDomain(Domain):
         return value.astype(numpy_dtype(type_.dtype))
 
     def run(self, node: Node, args: tuple[Any, ...]) -> Any:
+        t.check_deadline()
         encoding = ENCODINGS.get(node.op)
         if encoding is None:
             raise Unsupported(f"the op `{node.op}` has no exact encoding")

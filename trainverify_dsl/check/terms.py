@@ -31,6 +31,7 @@ direct float evaluation of the same expressions.
 from __future__ import annotations
 
 import math
+import time
 import zlib
 from collections.abc import Iterable
 from fractions import Fraction
@@ -49,9 +50,31 @@ class TooManyTerms(Exception):
     """More than ``MAX_TERMS`` distinct terms."""
 
 
+class OutOfTime(Exception):
+    """The proof's time limit (``set_deadline``) passed."""
+
+
+#: ``time.perf_counter()`` after which a proof stops (``None``: no limit)
+_DEADLINE: list[float | None] = [None]
+
+
+def set_deadline(deadline: float | None) -> None:
+    """Stop with ``OutOfTime`` once ``time.perf_counter()`` passes ``deadline``: checked as
+    terms are made (``_full``) and by the symbolic domain at every op."""
+    _DEADLINE[0] = deadline
+
+
+def check_deadline() -> None:
+    deadline = _DEADLINE[0]
+    if deadline is not None and time.perf_counter() > deadline:
+        raise OutOfTime("the proof reached its time limit")
+
+
 def _full() -> None:
     if len(_TABLE) > MAX_TERMS:
         raise TooManyTerms(f"the symbolic step exceeds {MAX_TERMS:,} distinct terms")
+    if len(_TABLE) % 4096 == 0:
+        check_deadline()
 
 
 def _intern(cls: type, key: Any, *fields: Any) -> Any:

@@ -48,8 +48,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=20.0, metavar="S",
                         help="seconds for each solver call (default 20); a timeout is "
                              "inconclusive, never verified")
+    parser.add_argument("--time-limit", type=_seconds, default=600.0, metavar="S",
+                        help="seconds for each plan (default 600; 0: no limit); the proof "
+                             "stops there and the verdict is inconclusive")
     add_max_memory_option(parser)
     add_model_root_option(parser)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
+    return value
 
 
 def check_one(path: str, args: argparse.Namespace, progress: Any) -> Any:
@@ -66,7 +79,8 @@ def check_one(path: str, args: argparse.Namespace, progress: Any) -> Any:
 
         return check_file(path, seed=args.seed, timeout=args.timeout,
                           allow_model_outside_root=args.allow_model_outside_root,
-                          max_memory=args.max_memory, progress=progress)
+                          max_memory=args.max_memory, progress=progress,
+                          time_limit=args.time_limit or None)
     except Exception as error:  # noqa: BLE001 - an internal error is a verdict, not a traceback
         return Verdict(ERROR, path, reason=f"internal error: {type(error).__name__}: {error}")
 

@@ -18,14 +18,14 @@ outputs of the reference IR too (``point:<point>``: the spec is traced with the 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from trainverify_dsl.ir.compare import CHECKS, Comparison, Mismatch, Pair, Recipe, run_checks
+from trainverify_dsl.ir.compare import Comparison, Mismatch, Pair, Recipe, run_checks
 from trainverify_dsl.ir.execute import evaluate_parallel
 from trainverify_dsl.ir.parallel import ParallelProgram
 from trainverify_dsl.spec import optim

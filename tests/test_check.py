@@ -82,6 +82,7 @@ def test_a_wrong_scale_without_layout_error_is_a_confirmed_counterexample(
     assert verdict.counterexample.span.line == line
 
 
+@pytest.mark.slow
 def test_top_k_routing_is_inconclusive_not_verified() -> None:
     verdict = check_file(ROOT / "plans" / "deepseek_tiny_tp.tvp")
     assert verdict.verdict == INCONCLUSIVE

@@ -23,7 +23,9 @@ from trainverify_dsl.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
-VERIFIED_PLANS = ["mlp_tiny_dp", "mlp_dp_tp", "mlp_tiny_zero"]
+VERIFIED_PLANS = ["mlp_tiny_dp", "mlp_dp_tp", "mlp_tiny_zero", "llama_tiny_tp",
+                  pytest.param("llama_tiny_sp", marks=pytest.mark.slow),
+                  pytest.param("llama_tiny_cp", marks=pytest.mark.slow)]
 MLP_BUGS = ["loss_not_scaled", "loss_scaled_twice", "sum_instead_of_avg",
             "zero_reduce_scatter_order"]
 
@@ -216,3 +218,23 @@ def test_the_api_checks_a_plan_given_as_text() -> None:
     assert spans and all(s.file == TEXT_PLAN for s in spans if s is not None)
     assert bug_line(bug) in {s.line for s in spans if s is not None}
     assert check(bug).verdict == verdict.verdict  # the path gives the same verdict
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["missing_allreduce", "sp_norm_grad_not_reduced",
+                                  "avg_instead_of_sum"])
+def test_the_proof_alone_never_proves_a_bug_plan(name: str) -> None:
+    """The numeric pre-check normally refutes these first; here the symbolic proof runs on
+    the wrong programs by itself and must not call them equal (a normal form that merged
+    different values would say "proven")."""
+    import time
+
+    from trainverify_dsl import api
+    from trainverify_dsl.check.prove import prove
+
+    built = api.build_programs(ROOT / "plans" / "bugs" / f"{name}.tvp", shrink=True,
+                               stop_on_errors=False)
+    model = built.setup.build_real()
+    values = api.step_values(built.program, built.spec, model, 0)
+    proof = prove(api.check_pair(built, values), 2.0, deadline=time.perf_counter() + 300)
+    assert proof.status != "proven", proof.reason

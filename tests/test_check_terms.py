@@ -153,6 +153,66 @@ def test_short_sums_distribute_in_normal_form() -> None:
     assert m * (1 - a) is m - m * a
 
 
+def test_short_sums_multiply_out_beside_long_ones() -> None:
+    """SiLU's backward as the spec's decomposition writes it, g*s*(1 + x*(1 - s)), and as
+    autograd of x*sigmoid(x) computes it, g*s + g*x*s*(1 - s), with g and x long sums (a
+    cotangent, a pre-activation): one normal form, and it evaluates like both."""
+    g = t.Poly.sum(t.var(f"g{i}") * t.var(f"w{i}") for i in range(7))
+    x = t.Poly.sum(t.var(f"x{i}") * t.var(f"v{i}") for i in range(6))
+    s = t.app("sigmoid", x)
+    spec = g * s * (1 + x * (1 - s))
+    plan = g * s + (g * x) * (s * (1 - s))
+    assert spec is plan
+    # the long sum stays one factor when a short one multiplies out beside it
+    assert x * (1 - s) is (x * (1 - s * 2)) + x * s
+    assert (1 - s).power(2) * x is x * (1 - s) * (1 - s)
+    assert g * (1 - s) is not g * (1 + s)  # and what differs stays apart
+    rng = random.Random(3)
+    env = {n: rng.uniform(-1, 1) for n in
+           [f"{c}{i}" for c in "gwxv" for i in range(7)]}
+    xv = sum(env[f"x{i}"] * env[f"v{i}"] for i in range(6))
+    gv = sum(env[f"g{i}"] * env[f"w{i}"] for i in range(7))
+    sv = 1 / (1 + math.exp(-xv))
+    assert value(spec, env) == pytest.approx(gv * sv * (1 + xv * (1 - sv)), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_normal_form_with_long_sums_evaluates_like_the_expression(seed: int) -> None:
+    """The random expressions again, over leaves that are long sums (6 products) and short
+    ones, so that long-times-short products and their multiplying out are exercised."""
+    rng = random.Random(100 + seed)
+    names = [f"p{i}" for i in range(12)] + ["a", "b"]
+    long_sums = [t.Poly.sum(t.var(names[2 * i]) * t.var(names[2 * i + 1]) for i in range(6)),
+                 t.var("a") - t.var("b")]
+    term, direct = _random_expression_over(rng, long_sums, 5)
+    for _ in range(3):
+        env = {n: rng.uniform(-1.2, 1.2) for n in names}
+        assert value(term, env) == pytest.approx(direct(env), rel=1e-9, abs=1e-9), seed
+
+
+def _random_expression_over(rng: random.Random, leaves: list, depth: int) -> tuple:
+    """``_random_expression`` with leaves that are given terms (evaluated directly)."""
+    if depth == 0 or rng.random() < 0.2:
+        leaf = rng.choice(leaves)
+        return leaf, lambda env, x=leaf: value(x, env)
+    op = rng.choice(["add", "sub", "mul", "mul", "div", "exp", "one_minus", "pow"])
+    a, fa = _random_expression_over(rng, leaves, depth - 1)
+    if op == "exp":
+        return t.exp(a * 0.125), lambda env: math.exp(fa(env) * 0.125)
+    if op == "one_minus":
+        return 1 - a, lambda env: 1 - fa(env)
+    if op == "pow":
+        return a.power(2), lambda env: fa(env) ** 2
+    b, fb = _random_expression_over(rng, leaves, depth - 1)
+    if op == "add":
+        return a + b, lambda env: fa(env) + fb(env)
+    if op == "sub":
+        return a - b, lambda env: fa(env) - fb(env)
+    if op == "mul":
+        return a * b, lambda env: fa(env) * fb(env)
+    return a / (b * b + 1), lambda env: fa(env) / (fb(env) ** 2 + 1)
+
+
 def test_multiplying_out_proves_distributivity() -> None:
     xs = [t.var(f"x{i}") for i in range(8)]
     m = t.var("m")

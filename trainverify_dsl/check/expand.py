@@ -75,6 +75,7 @@ class Expander:
         hit = self.memo.get(key)
         if hit is not None:
             return hit
+        t.check_deadline()
         if isinstance(term, t.Poly):
             out: Expanded = {(): term.const} if term.const else {}
             for m, c in term.terms.items():
@@ -99,6 +100,7 @@ class Expander:
     def _multiply(self, x: Expanded, y: Expanded) -> Expanded:
         if len(x) * len(y) > self.budget * 4:
             raise TooLarge
+        t.check_deadline()
         out: Expanded = {}
         for mx, cx in x.items():
             for my, cy in y.items():

@@ -604,16 +604,55 @@ def _distribute(single: Poly, total: Poly) -> Poly:
     return Poly.make(const, {k: v for k, v in terms.items() if v})
 
 
+#: A product whose short sum factors (``_short``, positive exponents) multiply out to at most
+#: this many terms is multiplied out, every other factor kept as it is: ``x * (1 - s)`` with
+#: ``x`` a long sum becomes ``[x] - [x]*s``, ``[x]`` the long sum as one factor (so SiLU's
+#: backward as the spec decomposes it, ``g*s*(1 + x*(1 - s))``, and as autograd of
+#: ``x*sigmoid(x)`` computes it, ``g*s + g*x*s*(1 - s)``, have one normal form). A long sum
+#: kept whole is a second form of the same value beside its flattened terms: sound (it
+#: evaluates to the same number), only less complete, and what normal form leaves open goes
+#: to ``check/expand.py``.
+EXPAND_SHORT = 64
+
+
 def _from_product(coefficient: Fraction, powers: dict[Any, int]) -> Poly:
     if not coefficient:
         return ZERO
     if not powers:
         return Poly.make(coefficient, {})
+    shorts = [(f, e) for f, e in powers.items()
+              if e > 0 and isinstance(f, Poly) and _short(f)]
+    if shorts and (len(powers) > 1 or shorts[0][1] > 1):
+        count = 1
+        for f, e in shorts:
+            count *= (len(f.terms) + (1 if f.const else 0)) ** e
+        if count <= EXPAND_SHORT:
+            return _expand_shorts(coefficient, powers, shorts)
     if len(powers) == 1:
         (f, e), = powers.items()
         if e == 1 and isinstance(f, Poly):  # a lone sum factor is the sum itself
             return f._scaled(coefficient)
     return Poly.make(_ZERO, {Monomial.make(powers): coefficient})
+
+
+def _expand_shorts(coefficient: Fraction, powers: dict[Any, int],
+                   shorts: list[tuple[Poly, int]]) -> Poly:
+    """``coefficient * prod(f**e)`` with the ``shorts`` multiplied out."""
+    rest = {f: e for f, e in powers.items() if not any(f is s for s, _ in shorts)}
+    total = Poly.make(_ZERO, {Monomial.make(rest): coefficient}) if rest else \
+        Poly.make(coefficient, {})
+    for f, e in shorts:
+        for _ in range(e):
+            total = _times_sum(total, f)
+    return total
+
+
+def _times_sum(total: Poly, short: Poly) -> Poly:
+    """``total * short`` term by term (neither side holds a short sum factor)."""
+    parts = [short._scaled(total.const)] if total.const else []
+    for m, c in total.terms.items():
+        parts.append(_distribute(Poly.make(_ZERO, {m: c}), short))
+    return Poly.sum(parts)
 
 
 def as_poly(value: Any) -> Poly:

@@ -85,11 +85,24 @@ def test_a_wrong_scale_without_layout_error_is_a_confirmed_counterexample(
 
 
 @pytest.mark.slow
-def test_top_k_routing_is_inconclusive_not_verified() -> None:
+def test_top_k_routing_is_taken_at_the_drawn_values_and_said_so() -> None:
+    """DeepSeek's router: top-k of computed scores takes the order the scores have at the
+    numeric pre-check's values, and the verdict lists that assumption."""
     verdict = check_file(ROOT / "plans" / "deepseek_tiny_tp.tvp")
-    assert verdict.verdict == INCONCLUSIVE
-    assert verdict.exit_code == 3
-    assert "topk" in verdict.reason
+    assert verdict.verdict in (VERIFIED, INCONCLUSIVE), verdict.reason
+    assert any("orderings of computed values" in a and "drawn" in a
+               for a in verdict.assumptions)
+
+
+def test_an_op_without_an_encoding_is_inconclusive(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainverify_dsl.check import symbolic
+
+    encodings = dict(symbolic.ENCODINGS)
+    del encodings["relu"]
+    monkeypatch.setattr(symbolic, "ENCODINGS", encodings)
+    verdict = check_file(ROOT / "plans" / "mlp_tiny_dp.tvp")
+    assert verdict.verdict == INCONCLUSIVE and verdict.exit_code == 3
+    assert "`relu` has no exact encoding" in verdict.reason
 
 
 def test_an_obligation_no_decider_settles_is_inconclusive(monkeypatch: pytest.MonkeyPatch

@@ -315,3 +315,46 @@ def test_an_order_of_computed_values_is_unsupported() -> None:
     graph = _node("topk_indices", [(2, 3)], {"dim": 1, "k": 2, "largest": True})
     with pytest.raises(Unsupported, match="topk_indices"):
         evaluate_graph(graph, {"x0": variables("x0", (2, 3))}, SymbolicDomain())
+
+
+def _witness(name: str, values: np.ndarray) -> dict[str, float]:
+    return {f"{name}[{','.join(map(str, i))}]": float(values[i]) for i in np.ndindex(*values.shape)}
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("topk_values", {"dim": 1, "k": 2, "largest": True}),
+    ("topk_indices", {"dim": 1, "k": 2, "largest": True}),
+    ("topk_values", {"dim": 1, "k": 1, "largest": False}),
+    ("sort_values", {"dim": 1, "descending": True}),
+    ("sort_indices", {"dim": 0, "descending": False}),
+    ("argmax", {"dim": 1, "keepdim": False}),
+])
+def test_an_order_of_computed_values_is_taken_at_the_witness(op: str, attrs: dict) -> None:
+    """With the drawn values as witness, the order is theirs and the selected elements stay
+    exact: the result evaluated at the witness is the numeric op's result."""
+    rng = np.random.default_rng(7)
+    drawn = rng.standard_normal((3, 4))
+    graph = _node(op, [(3, 4)], attrs)
+    domain = SymbolicDomain(_witness("x0", drawn))
+    got = evaluate_graph(graph, {"x0": variables("x0", (3, 4))}, domain)["out"]
+    want = evaluate_graph(graph, {"x0": drawn})["out"]
+    assert domain.assumed_orders == 1
+    if got.dtype == object:
+        env = _witness("x0", drawn)
+        got = np.vectorize(lambda term: value(term, env))(got)
+        assert all(isinstance(x, t.Poly) for x in
+                   evaluate_graph(graph, {"x0": variables("x0", (3, 4))}, domain)["out"].flat)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_near_tie_at_the_witness_is_unsupported() -> None:
+    drawn = np.array([[0.5, 0.5 + 1e-13, -1.0]])
+    graph = _node("topk_indices", [(1, 3)], {"dim": 1, "k": 1, "largest": True})
+    with pytest.raises(Unsupported, match="tie"):
+        evaluate_graph(graph, {"x0": variables("x0", (1, 3))},
+                       SymbolicDomain(_witness("x0", drawn)))
+    # a tie below the selected ones does not matter: the two smallest tie, k=1 picks 0.9
+    drawn = np.array([[0.9, -1.0, -1.0]])
+    out = evaluate_graph(graph, {"x0": variables("x0", (1, 3))},
+                         SymbolicDomain(_witness("x0", drawn)))["out"]
+    assert out.tolist() == [[0]]

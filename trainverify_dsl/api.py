@@ -406,9 +406,11 @@ def check_pair(built: Programs, values: dict[str, np.ndarray]) -> Any:
         inputs.setdefault(name, (tuple(np.shape(value)), "f64"))
     known = {name: np.asarray(values[name]) for name, (_, dtype) in inputs.items()
              if not is_float(dtype)}
+    witness = {name: np.asarray(values[name]) for name, (_, dtype) in inputs.items()
+               if is_float(dtype) and name in values}
     return CheckPair(built.spec.program, built.program,
                      recipe(built.program, built.reference_opt), known, inputs,
-                     dict(built.setup.overrides))
+                     dict(built.setup.overrides), witness)
 
 
 #: ``tvp check``'s default limit on one plan, in seconds (``--time-limit``)
@@ -537,6 +539,12 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
 
     proof = prove(pair, timeout, progress, deadline)
     verdict.assumptions = list(BASE_ASSUMPTIONS) + _assumptions(pair)
+    if proof.assumed_orders:
+        verdict.assumptions.append(
+            f"orderings of computed values ({proof.assumed_orders} top-k routing, sort or "
+            "argmax nodes) take the order they have at the drawn values, every ranked value "
+            "apart there: the proof holds wherever the routing is the drawn one, not for "
+            "every routing")
     verdict.elements, verdict.by_normal_form = proof.elements, proof.by_normal_form
     verdict.by_expansion, verdict.by_solver = proof.by_expansion, proof.by_solver
     verdict.stages_total = verdict.stages_unique = 1

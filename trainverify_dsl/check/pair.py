@@ -4,7 +4,8 @@ As Alive2 pairs a source and a target function, a ``CheckPair`` holds what ``tvp
 proves equal: the spec's training step as an IR ``Program`` (its outputs ``loss``,
 ``grad(p)``, ``new(...)`` and the values at marked points ``point:<point>``), the plan's
 ``ParallelProgram``, the optimizer recipe as the checks need it, and the values of the integer
-inputs (token ids, labels, integer buffers), which the proof takes as given. Plain data: it
+inputs (token ids, labels, integer buffers), which the proof takes as given, and the float
+inputs' drawn values (the witness of an ordering of computed values). Plain data: it
 can be printed, hashed into a cache key and sent to a worker.
 """
 
@@ -38,3 +39,18 @@ class CheckPair:
     inputs: Mapping[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
     #: sizes the pair was built at (shrunk widths), for the report
     sizes: Mapping[str, Any] = field(default_factory=dict)
+    #: the numeric pre-check's values of the float inputs, by spec name: the witness at which
+    #: an ordering of computed values (top-k routing) takes its order (``None``: no
+    #: ordering of computed values is decided; such an op is unsupported)
+    witness: Mapping[str, np.ndarray] | None = None
+
+    def witness_env(self) -> dict[str, float] | None:
+        """The witness by variable name (``name[i,j]``, as ``symbolic.variables`` names)."""
+        if self.witness is None:
+            return None
+        env: dict[str, float] = {}
+        for name, array in self.witness.items():
+            values = np.asarray(array, dtype=float)
+            for index in np.ndindex(*values.shape):
+                env[f"{name}[{','.join(map(str, index))}]"] = float(values[index])
+        return env

@@ -110,6 +110,8 @@ class Proof:
     seconds_symbolic: float = 0.0
     seconds_solver: float = 0.0
     term_count: int = 0
+    #: orderings of computed values (top-k routing, sorts) taken at the witness
+    assumed_orders: int = 0
 
 
 def symbolic_inputs(pair: CheckPair) -> dict[str, Any]:
@@ -147,7 +149,7 @@ def _prove(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
            deadline: float | None) -> Proof:
     t.reset()
     start = time.perf_counter()
-    domain = SymbolicDomain()
+    domain = SymbolicDomain(pair.witness_env())
     try:
         values = symbolic_inputs(pair)
         progress("running the reference step on symbols")
@@ -167,7 +169,8 @@ def _prove(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
         t.reset()
         return Proof("unsupported", str(error), seconds_symbolic=time.perf_counter() - start)
     proof = Proof("proven", elements=exact.elements,
-                  seconds_symbolic=time.perf_counter() - start, term_count=len(t._TABLE))
+                  seconds_symbolic=time.perf_counter() - start, term_count=len(t._TABLE),
+                  assumed_orders=domain.assumed_orders)
     proof.by_normal_form = exact.elements - len(exact.obligations)
     if checked.mismatches:
         proof.status, proof.structural = "failed", list(checked.mismatches)

@@ -456,14 +456,78 @@ def _combine(per_rank: list[tuple[Any, ...]], op: str) -> Any:
     raise Unsupported(f"reduce op {op!r}")
 
 
+#: The ordering ops, and the op giving the order a values op takes (``None``: the op gives
+#: indices itself).
+ORDERINGS = {"topk_values": "topk_indices", "topk_indices": None,
+             "sort_values": "sort_indices", "sort_indices": None, "argmax": None}
+
+#: Two scores closer than this (relative) are a tie: the order is not decided by the witness.
+TIE = 1e-9
+
+
+def _numeric_functions() -> dict[str, Callable[..., float]]:
+    """The uninterpreted functions' numeric meaning, to evaluate a term at the witness."""
+    from trainverify_dsl.ir.ops import _gelu as gelu
+
+    return {
+        "exp": math.exp, "log": math.log, "log1p": math.log1p, "sqrt": math.sqrt,
+        "sin": math.sin, "cos": math.cos, "tanh": math.tanh, "erf": math.erf,
+        "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)), "abs": abs,
+        "sign": lambda x: float(np.sign(x)), "pow": lambda x, y: x ** y,
+        "gelu[none]": lambda x: float(gelu(np.array(x), "none")),
+        "gelu[tanh]": lambda x: float(gelu(np.array(x), "tanh")),
+    }
+
+
 class SymbolicDomain(Domain):
-    """Exact values (``ir/interp.Domain``): every op through ``ENCODINGS``."""
+    """Exact values (``ir/interp.Domain``): every op through ``ENCODINGS``.
+
+    ``witness`` (variable name -> number: the numeric pre-check's values) lets an ordering
+    of computed values (top-k routing, a sort, an argmax) take the order those values have
+    at the witness: the selected elements stay exact terms, the indices are the witness's.
+    The proof then holds where every such order is the witnessed one (the verdict says so,
+    ``assumed_orders`` counts them); a near-tie at the witness is ``Unsupported``."""
 
     approximate = False
 
-    def __init__(self) -> None:
+    def __init__(self, witness: Mapping[str, float] | None = None) -> None:
         #: free values handed out (Rule 5.2): each a fresh variable
         self.free_count = 0
+        self.witness = witness
+        #: ordering nodes decided by the witness
+        self.assumed_orders = 0
+        self._memo: dict[int, Any] = {}
+        self._functions = _numeric_functions() if witness is not None else {}
+
+    def _at_witness(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty(x.shape, dtype=float)
+        for index in np.ndindex(*x.shape):
+            term = x[index]
+            if isinstance(term, Inf):
+                out[index] = math.inf * term.sign
+                continue
+            try:
+                out[index] = float(t.evaluate(term, self.witness, self._functions, self._memo))
+            except KeyError as error:  # a free value: no witness for it
+                raise Unsupported(f"an order of values that depend on {error} (no drawn "
+                                  "value)") from None
+            except (ValueError, OverflowError, ZeroDivisionError) as error:
+                raise Unsupported(f"an order of values not computable at the drawn values: "
+                                  f"{error}") from None
+        return out
+
+    def _ordered(self, node: Node, args: tuple[Any, ...]) -> Any:
+        """An ordering op on symbolic values, in the witness's order."""
+        x = floats(args[0])
+        numeric = self._at_witness(x)
+        attrs = node.attr_map()
+        _require_separated(node.op, numeric, attrs)
+        self.assumed_orders += 1
+        indices_op = ORDERINGS[node.op]
+        if indices_op is None:
+            return np.asarray(OPS[node.op].evaluate((numeric,), attrs)).astype(np.int64)
+        order = np.asarray(OPS[indices_op].evaluate((numeric,), attrs))
+        return np.take_along_axis(x, order, axis=attrs["dim"])
 
     def bind(self, array: object, type_: TensorType) -> Any:
         value = array if isinstance(array, np.ndarray) else np.asarray(array)
@@ -481,6 +545,8 @@ class SymbolicDomain(Domain):
 
     def run(self, node: Node, args: tuple[Any, ...]) -> Any:
         t.check_deadline()
+        if node.op in ORDERINGS and self.witness is not None and _symbolic(args[0]):
+            return self._ordered(node, args)
         encoding = ENCODINGS.get(node.op)
         if encoding is None:
             raise Unsupported(f"the op `{node.op}` has no exact encoding")
@@ -529,6 +595,32 @@ class SymbolicDomain(Domain):
         self.free_count += 1
         stage, value, rank, m = key
         return variables(f"free[{stage}:{value}:r{rank}:m{m}]", shape)
+
+
+def _require_separated(op: str, numeric: np.ndarray, attrs: Mapping[str, Any]) -> None:
+    """The witness decides the order only if the values it ranks are apart: for top-k the
+    first ``k + 1`` in order (which ``k`` win, and their order), for argmax the first two,
+    for a sort every neighbour."""
+    dim = attrs["dim"]
+    descending = attrs.get("largest", attrs.get("descending", op == "argmax"))
+    ranked = np.sort(numeric, axis=dim)
+    if descending:
+        ranked = np.flip(ranked, axis=dim)
+    n = numeric.shape[dim]
+    count = {"topk_values": attrs.get("k", 0) + 1, "topk_indices": attrs.get("k", 0) + 1,
+             "argmax": 2}.get(op, n)
+    head = np.take(ranked, np.arange(min(count, n)), axis=dim)
+    if head.shape[dim] < 2:
+        return
+    a = np.take(head, np.arange(head.shape[dim] - 1), axis=dim)
+    b = np.take(head, np.arange(1, head.shape[dim]), axis=dim)
+    with np.errstate(invalid="ignore"):
+        gap = np.abs(a - b)
+        scale = np.maximum(1.0, np.maximum(np.abs(a), np.abs(b)))
+        tied = (a == b) | (gap <= TIE * scale)
+    if np.any(tied):
+        raise Unsupported(f"`{op}` of computed values that nearly tie at the drawn values "
+                          "(the order is not decided there)")
 
 
 def variables(name: str, shape: tuple[int, ...]) -> np.ndarray:

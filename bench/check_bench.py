@@ -4,6 +4,7 @@ element (normal form, multiplying out, z3), one fresh process per plan and run.
     python bench/check_bench.py                  # the small plans, 1 run each
     python bench/check_bench.py --runs 3 plans/mlp_tiny_dp.tvp
     python bench/check_bench.py --write          # also write bench/results/check.md
+    python bench/check_bench.py --time-limit 240 --write --output bench/results/x.md P...
 
 Timing on a shared machine is noisy: with ``--runs N`` the median is reported.
 """
@@ -28,7 +29,7 @@ import json, resource, sys, time, warnings
 warnings.filterwarnings("ignore")
 from trainverify_dsl.api import check_file
 start = time.perf_counter()
-v = check_file(sys.argv[1], timeout=float(sys.argv[2]))
+v = check_file(sys.argv[1], timeout=float(sys.argv[2]), time_limit=float(sys.argv[3]))
 print(json.dumps({"verdict": v.verdict, "seconds": time.perf_counter() - start,
                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "elements": v.elements, "normal_form": v.by_normal_form,
@@ -38,11 +39,12 @@ print(json.dumps({"verdict": v.verdict, "seconds": time.perf_counter() - start,
 """
 
 
-def measure(path: str, runs: int, timeout: float, limit: float) -> dict:
+def measure(path: str, runs: int, timeout: float, limit: float, time_limit: float) -> dict:
     results = []
     for _ in range(runs):
         try:
-            out = subprocess.run([sys.executable, "-c", CHILD, path, str(timeout)], cwd=ROOT,
+            out = subprocess.run([sys.executable, "-c", CHILD, path, str(timeout),
+                                  str(time_limit)], cwd=ROOT,
                                  capture_output=True, text=True, check=False, timeout=limit)
         except subprocess.TimeoutExpired:
             return {"verdict": f"not finished in {limit:.0f} s", "seconds": limit,
@@ -66,6 +68,10 @@ def main() -> None:
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--limit", type=float, default=900.0,
                         help="seconds a plan may take before it is killed (default 900)")
+    parser.add_argument("--time-limit", type=float, default=600.0,
+                        help="tvp check's own limit per plan (default 600, its default)")
+    parser.add_argument("--output", default="bench/results/check.md",
+                        help="the file --write writes (default bench/results/check.md)")
     args = parser.parse_args()
     plans = args.plans or [f"plans/{p}.tvp" for p in SMALL] + \
         [f"plans/bugs/{p}.tvp" for p in BUGS]
@@ -75,7 +81,7 @@ def main() -> None:
     print(header)
     print("|" + "---|" * 10)
     for plan in plans:
-        r = measure(plan, args.runs, args.timeout, args.limit)
+        r = measure(plan, args.runs, args.timeout, args.limit, args.time_limit)
         row = (f"| {plan} | {r['verdict']} | {r['seconds']:.1f} | {r['rss_mib']:.0f} | "
                f"{r.get('elements', '')} | {r.get('normal_form', '')} | "
                f"{r.get('expanded', '')} | {r.get('z3', '')} | "
@@ -84,9 +90,11 @@ def main() -> None:
         rows.append(row)
         print(row, flush=True)
     if args.write:
-        out = ROOT / "bench" / "results" / "check.md"
+        out = ROOT / args.output
+        given = " ".join(args.plans) + " " if args.plans else ""
         out.write_text("# `tvp check` on the shipped plans\n\n"
-                       f"`python bench/check_bench.py --runs {args.runs} --write` "
+                       f"`python bench/check_bench.py --runs {args.runs} --time-limit "
+                       f"{args.time_limit:g} --write {given}` "
                        "(2-core shared machine; one fresh process per run).\n\n"
                        + header + "\n|" + "---|" * 10 + "\n" + "\n".join(rows) + "\n")
 

@@ -53,7 +53,14 @@ def test_correct_plan_is_verified(name: str) -> None:
     assert not verdict.diagnostics
 
 
-@pytest.mark.parametrize("name", MLP_BUGS)
+ALL_BUGS = sorted(p.stem for p in (ROOT / "plans" / "bugs").glob("*.tvp"))
+#: a missing statement is reported at the statement it leaves wrong (as in
+#: tests/test_simulate_plans.py): the sequence split whose positions are not offset
+REPORTED_AT = {"rope_not_offset": 15}
+
+
+@pytest.mark.parametrize("name", MLP_BUGS + [
+    pytest.param(n, marks=pytest.mark.slow) for n in ALL_BUGS if n not in MLP_BUGS])
 def test_bug_plan_is_a_counterexample_at_its_line(name: str) -> None:
     path = ROOT / "plans" / "bugs" / f"{name}.tvp"
     verdict = check_file(path)
@@ -64,7 +71,7 @@ def test_bug_plan_is_a_counterexample_at_its_line(name: str) -> None:
         assert verdict.counterexample.rel_error > 1e-6
         if verdict.counterexample.span is not None:
             lines.add(verdict.counterexample.span.line)
-    assert bug_line(path) in lines, (lines, verdict.reason)
+    assert REPORTED_AT.get(name, bug_line(path)) in lines, (lines, verdict.reason)
 
 
 def test_a_wrong_scale_without_layout_error_is_a_confirmed_counterexample(

@@ -258,3 +258,19 @@ def test_the_proof_alone_never_proves_a_bug_plan(name: str) -> None:
     values = api.step_values(built.program, built.spec, model, 0)
     proof = prove(api.check_pair(built, values), 2.0, deadline=time.perf_counter() + 300)
     assert proof.status != "proven", proof.reason
+
+
+def test_axis_names_mean_nothing_to_the_checker(tmp_path: Path) -> None:
+    """The data- and tensor-parallel MLP plan with its axes called `rows` and `mp` (and
+    outermost first the other way round) is verified like the shipped one; the same plan
+    with the gradient average over the wrong one of them is a counterexample."""
+    text = (ROOT / "plans" / "mlp_dp_tp.tvp").read_text(encoding="utf-8")
+    text = re.sub(r"\bdp\b", "rows", re.sub(r"\btp\b", "mp", text))
+    text = text.replace("mesh rows=2, mp=2", "mesh mp=2, rows=2")
+    good = tmp_path / "renamed.tvp"
+    good.write_text(text, encoding="utf-8")
+    assert check_file(good).verdict == VERIFIED
+    bad = tmp_path / "wrong_axis.tvp"
+    bad.write_text(text.replace("grad(params) over rows", "grad(params) over mp"),
+                   encoding="utf-8")
+    assert check_file(bad).verdict in (COUNTEREXAMPLE, ERROR)

@@ -23,6 +23,7 @@ from trainverify_dsl.check import terms as t
 from trainverify_dsl.check.expand import Expander
 from trainverify_dsl.check.symbolic import (
     ENCODINGS,
+    NUMERIC_FUNCTIONS,
     SymbolicDomain,
     Unsupported,
     encoding_problems,
@@ -30,17 +31,10 @@ from trainverify_dsl.check.symbolic import (
 )
 from trainverify_dsl.ir.graph import GraphBuilder
 from trainverify_dsl.ir.interp import evaluate_graph
-from trainverify_dsl.ir.ops import OPS, _gelu
+from trainverify_dsl.ir.ops import OPS
 from trainverify_dsl.ir.types import TensorType
 
-FUNCTIONS = {
-    "exp": math.exp, "log": math.log, "log1p": math.log1p, "sqrt": math.sqrt,
-    "sin": math.sin, "cos": math.cos, "tanh": math.tanh, "erf": math.erf,
-    "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)), "abs": abs,
-    "sign": lambda x: float(np.sign(x)), "pow": lambda x, y: x ** y,
-    "gelu[none]": lambda x: float(_gelu(np.array(x), "none")),
-    "gelu[tanh]": lambda x: float(_gelu(np.array(x), "tanh")),
-}
+FUNCTIONS = NUMERIC_FUNCTIONS
 
 
 def value(term: object, env: dict[str, float]) -> float:
@@ -52,23 +46,32 @@ def value(term: object, env: dict[str, float]) -> float:
 # -- the normal form is sound ----------------------------------------------------------------
 
 
-def _random_expression(rng: random.Random, leaves: list, depth: int) -> tuple:
-    """(term, python function of env) built the same way."""
+#: the ops of the first random expressions, and of those over long sums
+OPS_PLAIN = ("add", "sub", "mul", "div", "scale", "exp", "max", "neg", "pow")
+OPS_SUMS = ("add", "sub", "mul", "mul", "div", "exp", "one_minus", "pow")
+
+
+def _random_expression(rng: random.Random, leaves: list, depth: int,
+                       ops: tuple[str, ...] = OPS_PLAIN, exp_scale: float = 1.0) -> tuple:
+    """(term, python function of env) built the same way; ``leaves`` are terms, evaluated
+    by ``value``; ``exp`` takes ``exp_scale`` times its argument."""
     if depth == 0 or rng.random() < 0.2:
-        name = rng.choice(leaves)
-        return t.var(name), lambda env, n=name: env[n]
-    op = rng.choice(["add", "sub", "mul", "div", "scale", "exp", "max", "neg", "pow"])
-    a, fa = _random_expression(rng, leaves, depth - 1)
-    if op in ("exp", "neg", "scale", "pow"):
+        leaf = rng.choice(leaves)
+        return leaf, lambda env, x=leaf: value(x, env)
+    op = rng.choice(list(ops))
+    a, fa = _random_expression(rng, leaves, depth - 1, ops, exp_scale)
+    if op in ("exp", "neg", "scale", "pow", "one_minus"):
         if op == "exp":
-            return t.exp(a), lambda env: math.exp(fa(env))
+            return t.exp(a * exp_scale), lambda env: math.exp(fa(env) * exp_scale)
         if op == "neg":
             return -a, lambda env: -fa(env)
+        if op == "one_minus":
+            return 1 - a, lambda env: 1 - fa(env)
         if op == "pow":
             return a.power(2), lambda env: fa(env) ** 2
         k = rng.choice([2, -3, 0.5, 0.125])
         return a * k, lambda env: fa(env) * k
-    b, fb = _random_expression(rng, leaves, depth - 1)
+    b, fb = _random_expression(rng, leaves, depth - 1, ops, exp_scale)
     if op == "add":
         return a + b, lambda env: fa(env) + fb(env)
     if op == "sub":
@@ -84,7 +87,7 @@ def _random_expression(rng: random.Random, leaves: list, depth: int) -> tuple:
 def test_normal_form_evaluates_like_the_expression(seed: int) -> None:
     rng = random.Random(seed)
     leaves = ["a", "b", "c", "d"]
-    term, direct = _random_expression(rng, leaves, 5)
+    term, direct = _random_expression(rng, [t.var(n) for n in leaves], 5)
     for _ in range(3):
         env = {n: rng.uniform(-1.5, 1.5) for n in leaves}
         want = direct(env)
@@ -184,33 +187,10 @@ def test_normal_form_with_long_sums_evaluates_like_the_expression(seed: int) -> 
     names = [f"p{i}" for i in range(12)] + ["a", "b"]
     long_sums = [t.Poly.sum(t.var(names[2 * i]) * t.var(names[2 * i + 1]) for i in range(6)),
                  t.var("a") - t.var("b")]
-    term, direct = _random_expression_over(rng, long_sums, 5)
+    term, direct = _random_expression(rng, long_sums, 5, OPS_SUMS, exp_scale=0.125)
     for _ in range(3):
         env = {n: rng.uniform(-1.2, 1.2) for n in names}
         assert value(term, env) == pytest.approx(direct(env), rel=1e-9, abs=1e-9), seed
-
-
-def _random_expression_over(rng: random.Random, leaves: list, depth: int) -> tuple:
-    """``_random_expression`` with leaves that are given terms (evaluated directly)."""
-    if depth == 0 or rng.random() < 0.2:
-        leaf = rng.choice(leaves)
-        return leaf, lambda env, x=leaf: value(x, env)
-    op = rng.choice(["add", "sub", "mul", "mul", "div", "exp", "one_minus", "pow"])
-    a, fa = _random_expression_over(rng, leaves, depth - 1)
-    if op == "exp":
-        return t.exp(a * 0.125), lambda env: math.exp(fa(env) * 0.125)
-    if op == "one_minus":
-        return 1 - a, lambda env: 1 - fa(env)
-    if op == "pow":
-        return a.power(2), lambda env: fa(env) ** 2
-    b, fb = _random_expression_over(rng, leaves, depth - 1)
-    if op == "add":
-        return a + b, lambda env: fa(env) + fb(env)
-    if op == "sub":
-        return a - b, lambda env: fa(env) - fb(env)
-    if op == "mul":
-        return a * b, lambda env: fa(env) * fb(env)
-    return a / (b * b + 1), lambda env: fa(env) / (fb(env) ** 2 + 1)
 
 
 def test_multiplying_out_proves_distributivity() -> None:

@@ -187,14 +187,17 @@ def layout_diagnostics(path: str | Path, *,
     return _layout_pass(path, allow_model_outside_root)[0]
 
 
-def _layout_pass(path: str | Path, allow_model_outside_root: bool
+def _layout_pass(path: str | Path, allow_model_outside_root: bool,
+                 setup: SimulationSetup | None = None
                  ) -> tuple[list[Diagnostic], Lowered | None]:
-    """``layout_diagnostics`` and the full-size lowering it made (``None`` if none)."""
+    """``layout_diagnostics`` and the full-size lowering it made (``None`` if none);
+    ``setup``: the full-size fake model when the caller has built it already."""
     from trainverify_dsl.spec.errors import SpecError
 
     try:
-        setup = prepare(path, shrink=False, real=False,
-                        allow_model_outside_root=allow_model_outside_root)
+        if setup is None:
+            setup = prepare(path, shrink=False, real=False,
+                            allow_model_outside_root=allow_model_outside_root)
     except SimulationSetupError as error:
         return list(error.diagnostics), None
     except SpecError as error:
@@ -304,10 +307,10 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     if refusal is not None:
         raise SimulationSetupError([refusal])
     budget = default_budget() if max_memory is None else max_memory
-    if shrink is False:
-        _refuse_unshrunk(path, budget, allow_model_outside_root)
+    full = _refuse_unshrunk(path, budget, allow_model_outside_root) if shrink is False \
+        else None
     progress("layout pass at full size")
-    findings, full_size = _layout_pass(path, allow_model_outside_root)
+    findings, full_size = _layout_pass(path, allow_model_outside_root, full)
     errors = [d for d in findings if d.severity is Severity.ERROR]
     if errors and stop_on_errors:
         raise SimulationSetupError(findings)
@@ -348,11 +351,12 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     return Programs(setup, program, spec, reference_opt, findings, idle, need.bytes)
 
 
-def _refuse_unshrunk(path: str | Path, budget: int, allow_model_outside_root: bool) -> None:
+def _refuse_unshrunk(path: str | Path, budget: int, allow_model_outside_root: bool
+                     ) -> SimulationSetup:
     """At full size the reference step alone holds every parameter and its gradient in
     float64 (16 bytes a parameter): a model whose parameters already exceed the budget that
     way is refused (TVP501) from the fake model, before the full-size layout pass and the
-    lowering (a minute for an 8B model) run."""
+    lowering (a minute for an 8B model) run. Returns the full-size setup for that pass."""
     setup = prepare(path, shrink=False, real=False,
                     allow_model_outside_root=allow_model_outside_root)
     count = sum(p.numel() for p in setup.fake_model.parameters())
@@ -366,6 +370,7 @@ def _refuse_unshrunk(path: str | Path, budget: int, allow_model_outside_root: bo
                                                            "would need at least"),
             notes=(f"{count:,} parameters counted on the fake (meta) model, before the "
                    "layout pass and before anything is allocated",))])
+    return setup
 
 
 def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None,
@@ -487,13 +492,15 @@ def check(plan: str | Path, *, base_dir: str | Path | None = None, **options: An
     temporary file, in ``base_dir`` when given (so a ``spec`` path relative to that folder
     resolves) and removed afterwards; its diagnostics and counterexample name
     ``TEXT_PLAN``."""
+    import contextlib
     import os
     import tempfile
 
     if isinstance(plan, Path) or "\n" not in plan:
         return check_file(plan, **options)
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(base_dir) if base_dir is not None else Path(scratch)
+    place = contextlib.nullcontext(str(base_dir)) if base_dir is not None else \
+        tempfile.TemporaryDirectory()
+    with place as folder:
         handle, name = tempfile.mkstemp(suffix=".tvp", prefix=".tvp-check-", dir=folder)
         try:
             with os.fdopen(handle, "w", encoding="utf-8") as f:

@@ -200,23 +200,21 @@ def _solve(obligations: list[Obligation], proof: Proof, timeout_s: float,
         if len(proof.open) >= MAX_OPEN:
             proof.not_attempted = len(obligations) - k
             break
-        left = None if deadline is None else deadline - time.perf_counter()
-        if left is not None and left <= 0:
-            proof.not_attempted = len(obligations) - k
-            proof.open.append((ob.describe(), "the time limit was reached"))
-            break
         if k % 50 == 0:
             progress(f"deciding {len(obligations) - k:,} obligations")
         key = (id(ob.got), id(ob.want))
-        outcome = decided.get(key)
-        if outcome is None:
-            try:
+        try:
+            left = None if deadline is None else deadline - time.perf_counter()
+            if left is not None and left <= 0:
+                raise t.OutOfTime
+            outcome = decided.get(key)
+            if outcome is None:
                 outcome = decided[key] = _decide(
                     ob, expander, timeout_s if left is None else min(timeout_s, left))
-            except t.OutOfTime:
-                proof.not_attempted = len(obligations) - k
-                proof.open.append((ob.describe(), "the time limit was reached"))
-                break
+        except t.OutOfTime:
+            proof.not_attempted = len(obligations) - k
+            proof.open.append((ob.describe(), "the time limit was reached"))
+            break
         if outcome.status == "expanded":
             proof.by_expansion += 1
         elif outcome.status == "proven":

@@ -28,6 +28,7 @@ from trainverify_dsl.check.terms import INF, NEG_INF, Inf, NonReal, Poly
 from trainverify_dsl.ir.graph import Node
 from trainverify_dsl.ir.interp import Domain
 from trainverify_dsl.ir.ops import OPS, norm_dim
+from trainverify_dsl.ir.ops import _gelu as _gelu_numeric
 from trainverify_dsl.ir.types import TensorType, is_float
 
 
@@ -465,18 +466,15 @@ ORDERINGS = {"topk_values": "topk_indices", "topk_indices": None,
 TIE = 1e-9
 
 
-def _numeric_functions() -> dict[str, Callable[..., float]]:
-    """The uninterpreted functions' numeric meaning, to evaluate a term at the witness."""
-    from trainverify_dsl.ir.ops import _gelu as gelu
-
-    return {
-        "exp": math.exp, "log": math.log, "log1p": math.log1p, "sqrt": math.sqrt,
-        "sin": math.sin, "cos": math.cos, "tanh": math.tanh, "erf": math.erf,
-        "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)), "abs": abs,
-        "sign": lambda x: float(np.sign(x)), "pow": lambda x, y: x ** y,
-        "gelu[none]": lambda x: float(gelu(np.array(x), "none")),
-        "gelu[tanh]": lambda x: float(gelu(np.array(x), "tanh")),
-    }
+#: The uninterpreted functions' numeric meaning, to evaluate a term at the witness.
+NUMERIC_FUNCTIONS: dict[str, Callable[..., float]] = {
+    "exp": math.exp, "log": math.log, "log1p": math.log1p, "sqrt": math.sqrt,
+    "sin": math.sin, "cos": math.cos, "tanh": math.tanh, "erf": math.erf,
+    "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)), "abs": abs,
+    "sign": lambda x: float(np.sign(x)), "pow": lambda x, y: x ** y,
+    "gelu[none]": lambda x: float(_gelu_numeric(np.array(x), "none")),
+    "gelu[tanh]": lambda x: float(_gelu_numeric(np.array(x), "tanh")),
+}
 
 
 class SymbolicDomain(Domain):
@@ -497,7 +495,6 @@ class SymbolicDomain(Domain):
         #: ordering nodes decided by the witness
         self.assumed_orders = 0
         self._memo: dict[int, Any] = {}
-        self._functions = _numeric_functions() if witness is not None else {}
 
     def _at_witness(self, x: np.ndarray) -> np.ndarray:
         out = np.empty(x.shape, dtype=float)
@@ -507,7 +504,7 @@ class SymbolicDomain(Domain):
                 out[index] = math.inf * term.sign
                 continue
             try:
-                out[index] = float(t.evaluate(term, self.witness, self._functions, self._memo))
+                out[index] = float(t.evaluate(term, self.witness, NUMERIC_FUNCTIONS, self._memo))
             except KeyError as error:  # a free value: no witness for it
                 raise Unsupported(f"an order of values that depend on {error} (no drawn "
                                   "value)") from None

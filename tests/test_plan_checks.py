@@ -71,6 +71,35 @@ CASES = [
     (codes.UNKNOWN_REDUCE_OP, "place x [R, P(prod), R]\n", "place x [R, P(max), R]\n"),
     (codes.UNKNOWN_ALGORITHM, "algorithm ring-attention for attn over tp\n",
      "algorithm context-parallel-attention for attn over tp\n"),
+    # an option no algorithm defines is an error, never a setting silently ignored
+    (codes.UNKNOWN_OPTION, "algorithm context-parallel-attention for attn over tp chunks=2\n",
+     "algorithm context-parallel-attention for attn over tp\n"),
+    # the same axes in another block order place the blocks differently: not a repetition
+    (codes.CONFLICTING_LAYOUT, "split w [(dp, tp), -]\nsplit w [(tp, dp), -]\n",
+     "split w [(dp, tp), -]\nsplit v [(tp, dp), -]\n"),
+    (codes.CONFLICTING_LAYOUT, "split w [(dp, tp), -]\nsplit w [dp, -]\n",
+     "split w [(dp, tp), -]\n"),
+    # interleaved 1F1B needs virtual stages (several layer chunks per pp rank, round-robin)
+    (codes.VIRTUAL_STAGES, "microbatches 4 schedule interleaved-1f1b\n",
+     "microbatches 4 schedule 1f1b\n"),
+    (codes.VIRTUAL_STAGES, "microbatches 4 schedule interleaved-1f1b\n"
+     "pipeline-stage 0: layers[:16]\npipeline-stage 1: layers[16:]\n",
+     "microbatches 4 schedule interleaved-1f1b\n"
+     "pipeline-stage 0: layers[:8], layers[16:24]\npipeline-stage 1: layers[8:16], layers[24:]\n"),
+    (codes.VIRTUAL_STAGES, "microbatches 4 schedule interleaved-1f1b\n"
+     "pipeline-stage 0: layers[:8], layers[16:24], layers[28:]\n"
+     "pipeline-stage 1: layers[8:16], layers[24:28]\n",
+     "microbatches 4 schedule interleaved-1f1b\n"
+     "pipeline-stage 0: layers[:8], layers[16:24]\npipeline-stage 1: layers[8:16], layers[24:]\n"),
+    (codes.VIRTUAL_STAGES, "microbatches 3 schedule interleaved-1f1b\n"
+     "pipeline-stage 0: layers[:8], layers[16:24]\npipeline-stage 1: layers[8:16], layers[24:]\n",
+     "microbatches 6 schedule interleaved-1f1b\n"
+     "pipeline-stage 0: layers[:8], layers[16:24]\npipeline-stage 1: layers[8:16], layers[24:]\n"),
+    (codes.VIRTUAL_STAGES, "microbatches 4 schedule interleaved-1f1b\n"
+     "pipeline-stage 0: layers[:8], layers[16:24]\npipeline-stage 1: layers[8:16], layers[24:]\n"
+     "send layers.7.out from 0 to 1\n",
+     "microbatches 4 schedule interleaved-1f1b\n"
+     "pipeline-stage 0: layers[:8], layers[16:24]\npipeline-stage 1: layers[8:16], layers[24:]\n"),
 ]
 
 
@@ -258,3 +287,29 @@ def test_interleaved_slices_and_params_defaults_do_not_conflict() -> None:
                           "split layers[1::2].w [-, tp]\nsplit layers.*.v [tp, -]\n"
                           "split layers.0.v [tp, -]\n")
     assert result.diagnostics == ()
+
+
+def test_virtual_stages_go_round_robin_over_the_pp_ranks() -> None:
+    """Chunk c of pp rank r is virtual stage c*pp + r: with pp=3, the chunk after rank 2's
+    first belongs to rank 0, not rank 1."""
+    mesh = "mesh pp=3, dp=2\nmicrobatches 3 schedule interleaved-1f1b\n"
+    good = ("pipeline-stage 0: layers[0:1], layers[3:4]\npipeline-stage 1: layers[1:2], "
+            "layers[4:5]\npipeline-stage 2: layers[2:3], layers[5:6]\n")
+    bad = ("pipeline-stage 0: layers[0:1], layers[4:5]\npipeline-stage 1: layers[1:2], "
+           "layers[3:4]\npipeline-stage 2: layers[2:3], layers[5:6]\n")
+    head = TINY.replace("seq 32", "seq 32 n_layers 6")
+    assert resolve_text(mesh + good, head=head).diagnostics == ()
+    (diagnostic,) = resolve_text(mesh + bad, head=head).diagnostics
+    assert diagnostic.code is codes.VIRTUAL_STAGES
+    assert diagnostic.span.line == 6  # pipeline stage 1, which holds layer 3
+    assert diagnostic.message == ("layer 3 starts virtual stage 3, which belongs to pp rank 0, "
+                                  "but pipeline stage 1 holds it")
+
+
+def test_algorithm_without_options_says_so() -> None:
+    (diagnostic,) = resolve_text(MESH + "algorithm expert-parallel for moe over dp top=2\n"
+                                 ).diagnostics
+    assert diagnostic.code is codes.UNKNOWN_OPTION
+    assert diagnostic.message == ("unknown option 'top': algorithm expert-parallel takes no "
+                                  "options")
+    assert diagnostic.span.line == 4 and diagnostic.span.col == 43

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CORRECT = ["mlp_tiny_dp", "mlp_tiny_zero", "llama_tiny_tp", "llama_tiny_sp",
            pytest.param("deepseek_tiny_ep", marks=pytest.mark.slow), "deepseek_tiny_pp",
            pytest.param("deepseek_tiny_tp", marks=pytest.mark.slow), "llama_tiny_cp", "mlp_dp_tp",
+           "llama_tiny_interleaved",
            pytest.param("gpt2_3d", marks=pytest.mark.slow),
            # the quick-start plan at full mesh (128 ranks, 4 stages, 16 microbatches, TP+SP,
            # vocab-parallel embedding and cross-entropy, ZeRO-1 AdamW), shrunk widths

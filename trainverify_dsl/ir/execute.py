@@ -56,7 +56,7 @@ class _Run:
             self.spmd = spmd
         self.mesh = MeshGroups(program.mesh)
         self.sizes = program.sizes
-        self.stage_ranks = [self._ranks_of(st.index) for st in program.stages]
+        self.stage_ranks = [self._ranks_of(st.rank) for st in program.stages]
         self.transfers = {(t.dest, t.value): t for t in program.transfers}
         self.free = np.random.default_rng(FREE_VALUE_SEED)
         self.free_values: dict[tuple[int, str, int, int], np.ndarray] = {}

@@ -74,10 +74,20 @@ class Slot:
 
 @dataclass(frozen=True, slots=True)
 class Stage:
+    """Stage ``index`` in the pipeline's data order. It runs on the ranks whose pipeline
+    coordinate is ``place`` (``None``: ``index``); virtual stages of an interleaved schedule
+    share a pp rank (chunk ``c`` of rank ``r`` is stage ``c * pp + r``)."""
+
     index: int
     graph: Graph
     inputs: tuple[Slot, ...]
     outputs: tuple[Slot, ...]
+    place: int | None = None
+
+    @property
+    def rank(self) -> int:
+        """The pipeline coordinate of the ranks that run this stage."""
+        return self.index if self.place is None else self.place
 
     def output(self, kind: str) -> tuple[Slot, ...]:
         return tuple(s for s in self.outputs if s.kind == kind)
@@ -293,8 +303,11 @@ def _sync_problems(program: ParallelProgram) -> list[str]:
             problems.append(f"{sync.origin.describe()}: unknown axes {unknown}")
             continue
         if program.pipeline_axis in sync.axes:
+            ranks = {st.rank for st in program.stages}
             for param in sync.params:
-                if len(program.holders(param)) != len(program.stages):
+                holding = {st.rank for st in program.stages if st.index in
+                           program.holders(param)}
+                if holding != ranks:
                     problems.append(f"{sync.origin.describe()}: grad({param}) is reduced over "
                                     f"{program.pipeline_axis}, but only stages "
                                     f"{list(program.holders(param))} hold it")
@@ -353,7 +366,8 @@ def format_parallel(program: ParallelProgram, graphs: bool = True) -> str:
     for param, lay in program.param_layouts:
         lines.append(f"  param {param}: {lay.describe()}")
     for stage in program.stages:
-        lines.append(f"stage {stage.index}")
+        lines.append(f"stage {stage.index}" + ("" if stage.place is None else
+                                                f" on pipeline rank {stage.place}"))
         for kind, slots in (("in", stage.inputs), ("out", stage.outputs)):
             for s in slots:
                 lines.append(f"  {kind} {s.kind} {s.name} = {s.spec}: {s.layout.describe()}")

@@ -16,6 +16,7 @@ a ZeRO shard over an axis that already splits a parameter; a false layout claim 
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
@@ -24,12 +25,15 @@ from torch import nn
 
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, Factor, TLayout, append_axes, ways
 from trainverify_dsl.lower.findings import Finding
+from trainverify_dsl.plan import vocab
+from trainverify_dsl.plan.checks import INTERLEAVED, is_layer_selection, layer_chunks
 from trainverify_dsl.plan.model import (
     PIPELINE_AXIS,
     Algorithm,
     Collective,
     IndexSeg,
     Layout,
+    NameSeg,
     Origin,
     Plan,
     TensorPattern,
@@ -60,8 +64,12 @@ class Binding:
     modules: set[str]
     errors: list[Finding] = field(default_factory=list)
     warnings: list[Finding] = field(default_factory=list)
-    #: per stage index: member patterns
+    #: per stage index: member patterns (with virtual stages, per virtual stage)
     stage_members: list[tuple[TensorPattern, ...]] = field(default_factory=list)
+    #: per stage index: ``(pp rank, chunk)``; ``chunk`` is 0 unless the stages are virtual
+    stage_places: list[tuple[int, int]] = field(default_factory=list)
+    #: the model's modules in ``named_modules`` order
+    module_order: tuple[str, ...] = ()
     param_layouts: dict[str, Layout] = field(default_factory=dict)
     data_layouts: dict[str, Layout] = field(default_factory=dict)
     point_collectives: dict[str, list[Collective]] = field(default_factory=dict)
@@ -143,9 +151,25 @@ class Binding:
                 return index
         return None
 
+    def stage_place(self, index: int) -> int:
+        """The pp rank that runs (virtual) stage ``index``."""
+        return self.stage_places[index][0] if index < len(self.stage_places) else index
+
+    @property
+    def virtual(self) -> bool:
+        return any(chunk for _, chunk in self.stage_places)
+
+    def stage_label(self, index: int) -> str:
+        """``stage 2``, or ``virtual stage 2 (pp rank 0, chunk 1)``."""
+        if not self.virtual:
+            return f"stage {index}"
+        rank, chunk = self.stage_places[index]
+        return f"virtual stage {index} (pp rank {rank}, chunk {chunk})"
+
     def stage_span(self, index: int) -> Span | None:
+        place = self.stage_place(index)
         for stage in self.plan.stages:
-            if stage.index == index:
+            if stage.index == place:
                 return stage.origin.span
         return self.plan.mesh.span if self.plan.mesh else None
 
@@ -215,8 +239,9 @@ class _Binder:
                  sizes: Mapping[str, int]) -> None:
         self.plan, self.sizes = plan, sizes
         params = {name: tuple(p.shape) for name, p in model.named_parameters()}
-        modules = {name for name, _ in model.named_modules()}
-        self.b = Binding(plan, params, dict(data), modules)
+        order = tuple(name for name, _ in model.named_modules())
+        modules = set(order)
+        self.b = Binding(plan, params, dict(data), modules, module_order=order)
         self.points = _points(modules)
 
     def error(self, message: str, span: Any, help: str | None = None,
@@ -483,6 +508,38 @@ class _Binder:
                     self.unknown(member, stage.origin, sorted(m for m in b.modules if m),
                                  "module")
         b.stage_members = members
+        b.stage_places = [(index, 0) for index in range(count)]
+        if self.plan.schedule == INTERLEAVED:
+            self._virtual_stages(count)
+
+    def _virtual_stages(self, pp: int) -> None:
+        """Interleaved 1F1B (docs/semantics.md §5.3): each pp rank's layer chunks become
+        stages of their own, chunk ``c`` of rank ``r`` at position ``c * pp + r``. A member
+        that is not a layer range goes with the rank's first chunk when the model defines it
+        before its layers (``embed``), else with the last (``norm``, ``output``, ``loss``); a
+        wrong guess is a data dependency the lowering reports, never a silent move."""
+        b = self.b
+        n_layers = sum(1 for m in b.modules if re.fullmatch(rf"{vocab.LAYER_LIST}\.\d+", m))
+        chunks = layer_chunks(self.plan.stages, n_layers)
+        v = max((len(runs) for runs in chunks.values()), default=1)
+        order = {m: i for i, m in enumerate(b.module_order)}
+        first_layer = order.get(f"{vocab.LAYER_LIST}.0", 0)
+        members: list[tuple[TensorPattern, ...]] = [() for _ in range(v * pp)]
+        for stage in self.plan.stages:
+            runs = chunks.get(stage.index, [])
+            for c, run in enumerate(runs):
+                members[c * pp + stage.index] += tuple(
+                    TensorPattern((NameSeg(vocab.LAYER_LIST), IndexSeg(i))) for i in run)
+            last = max(len(runs) - 1, 0)
+            for member in stage.members:
+                if is_layer_selection(member):
+                    continue
+                where = [order[m] for m in b.module_order
+                         if m and str(member) != "loss" and member.matches(m, prefix=True)]
+                c = 0 if where and min(where) < first_layer else last
+                members[c * pp + stage.index] += (member,)
+        b.stage_members = members
+        b.stage_places = [(i % pp, i // pp) for i in range(v * pp)]
 
     def _algorithms(self) -> None:
         b = self.b

@@ -305,8 +305,9 @@ class _Lowering:
                 self._where()))
         raise LoweringError(Finding(
             codes_plan.STAGE_ORDER,
-            f"stage {stage} reads {_describe(old)} computed on the later stage "
-            f"{home}: the stage order breaks a data dependency",
+            f"{self.binding.stage_label(stage)} reads {_describe(old)} computed on the "
+            f"later {self.binding.stage_label(home)}: the stage order breaks a data "
+            "dependency",
             self.binding.stage_span(stage), self._where()))
 
     def _input(self, stage: int, old: torch.fx.Node) -> torch.fx.Node:
@@ -426,8 +427,9 @@ class _Lowering:
         if actual is not None and actual > declared:
             raise LoweringError(Finding(
                 codes_plan.STAGE_ORDER,
-                f"stage {declared} lists `loss`, but the loss needs values of "
-                f"stage {actual}", self.binding.stage_span(declared), "loss"))
+                f"{self.binding.stage_label(declared)} lists `loss`, but the loss needs "
+                f"values of {self.binding.stage_label(actual)}",
+                self.binding.stage_span(declared), "loss"))
 
     def visit(self, node: torch.fx.Node) -> None:
         stage = self.stage
@@ -577,8 +579,9 @@ class _Lowering:
         if listed is not None and listed != loss_stage:  # never moved silently (§5)
             self.findings.append(Finding(
                 codes_plan.STAGE_ORDER,
-                f"`loss` is listed on stage {listed}, but it is computed on "
-                f"stage {loss_stage}, where its operands are (docs/semantics.md Rule 5.1)",
+                f"`loss` is listed on {self.binding.stage_label(listed)}, but it is computed "
+                f"on {self.binding.stage_label(loss_stage)}, where its operands are "
+                "(docs/semantics.md Rule 5.1)",
                 self.binding.stage_span(listed), "loss"))
         self.stage = loss_stage
         final = algorithms.loss_replacement(self.algorithm_context)

@@ -86,7 +86,9 @@ def _stage(lowered: Lowered, program: StageProgram, graph: Graph) -> Stage:
             if param not in params:
                 raise AssertionError(f"stage output {name} is no parameter gradient")
             outputs.append(Slot(name, "grad", param, layouts[param]))
-    return Stage(program.index, graph, tuple(inputs), tuple(outputs))
+    binding = lowered.binding
+    place = binding.stage_place(program.index) if binding.virtual else None
+    return Stage(program.index, graph, tuple(inputs), tuple(outputs), place)
 
 
 def _transfers(lowered: Lowered) -> tuple[Transfer, ...]:

@@ -31,6 +31,7 @@ import numpy as np
 from trainverify_dsl.oracle.mesh import Mesh
 from trainverify_dsl.oracle.rank import OracleError
 from trainverify_dsl.oracle.worker import RankJob, rank_main, rel_error
+from trainverify_dsl.plan.checks import INTERLEAVED
 
 #: The largest mesh the oracle runs (one process per rank on this machine).
 MAX_RANKS = 8
@@ -104,6 +105,10 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float) -> RankJob:
                           "simulate` for larger meshes)")
     if plan.clip_grad_norm is not None:
         raise OracleError(f"{path}: `clip-grad-norm` is not run by the oracle")
+    if plan.schedule == INTERLEAVED:
+        raise OracleError(f"{path}: the oracle runs one stage per pp rank; virtual stages "
+                          "(`schedule interleaved-1f1b`) are not run by it (use `tvp "
+                          "simulate`)")
     setup = prepare(path)
     assert setup.real_model is not None
     lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)

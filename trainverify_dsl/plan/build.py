@@ -414,7 +414,22 @@ class Builder:
             return
         targets = [self._target(t, origin) for t in stmt.targets]
         axes = self._axes(stmt.axes, origin, f"algorithm {name}")
-        options = self._free_options(stmt.options, origin)
+        known = vocab.ALGORITHM_OPTIONS[name]
+        for option in stmt.options:
+            where = Origin(option.span, origin.trail)
+            if option.key.name in known:
+                continue
+            if known:
+                self.collector.add(unknown_option(f"algorithm {name}", option.key.name, known,
+                                                  where))
+            else:
+                self.collector.add(messages.at(
+                    codes.UNKNOWN_OPTION,
+                    f"unknown option '{option.key.name}': algorithm {name} takes no options",
+                    where, help=f"remove '{option.key.name}=...'; the algorithm's local "
+                    "program is fixed (docs/semantics.md §7)"))
+        options = self._free_options(tuple(o for o in stmt.options if o.key.name in known),
+                                     origin)
         parts.algorithms.append(Algorithm(name, tuple(t for t in targets if t), axes, options,
                                           origin))
 

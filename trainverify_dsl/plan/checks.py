@@ -8,6 +8,7 @@ model is never imported); without it, coverage completeness is skipped.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -287,8 +288,10 @@ def _read_configs(path: Path) -> dict | None:
 
 
 def check_pipeline(plan: Plan, mesh: Mesh, n_layers: int | None) -> list[Diagnostic]:
+    interleaved = plan.schedule == INTERLEAVED
     if not plan.stages and not plan.sends:
-        return []
+        return [_no_virtual_stages(plan, "the plan has no pipeline stages")] if interleaved \
+            else []
     if not mesh.has("pp"):
         first = plan.stages[0].origin if plan.stages else plan.sends[0].origin
         return [messages.at(
@@ -299,7 +302,100 @@ def check_pipeline(plan: Plan, mesh: Mesh, n_layers: int | None) -> list[Diagnos
     found = _range_problems(plan, pp)
     stages = [s for s in plan.stages if 0 <= s.index < pp]
     found += _duplicate_indices(stages) + _gaps(stages, pp) + _member_overlaps(stages)
-    found += _layer_problems(stages, n_layers, plan.schedule == "interleaved-1f1b")
+    found += _layer_problems(stages, n_layers, interleaved)
+    if interleaved and not found:
+        found += _virtual_problems(plan, stages, n_layers, pp)
+    return found
+
+
+# ---------------------------------------------------------------- virtual stages
+
+#: The schedule whose pipeline stages hold several layer chunks (virtual stages).
+INTERLEAVED = "interleaved-1f1b"
+
+
+def layer_chunks(stages: Sequence[PipelineStage], length: int) -> dict[int, list[range]]:
+    """Each stage's layers as maximal runs of consecutive layers, in layer order: its chunks
+    (one per stage for a plain pipeline, several for virtual stages)."""
+    owned: dict[int, set[int]] = {}
+    for sel in _selections(list(stages)):
+        owned.setdefault(sel.stage.index, set()).update(sel.layers(length))
+    chunks: dict[int, list[range]] = {}
+    for index, layers in owned.items():
+        runs: list[list[int]] = []
+        for layer in sorted(layers):
+            if runs and layer == runs[-1][1]:
+                runs[-1][1] = layer + 1
+            else:
+                runs.append([layer, layer + 1])
+        chunks[index] = [range(a, b) for a, b in runs]
+    return chunks
+
+
+def _no_virtual_stages(plan: Plan, why: str) -> Diagnostic:
+    assert plan.mesh is not None
+    origin = plan.header_origin("microbatches") or Origin(plan.mesh.span)
+    return messages.at(
+        codes.VIRTUAL_STAGES, "schedule interleaved-1f1b without virtual stages", origin,
+        notes=[why, "interleaved 1F1B runs several layer chunks per pp rank (virtual "
+               "pipeline stages); with one chunk per rank it is plain 1F1B"],
+        help="list two or more layer ranges per pipeline-stage, round-robin "
+             "(pp=2: stage 0 layers[0:1], layers[2:3]; stage 1 layers[1:2], layers[3:4]), "
+             "or use 'schedule 1f1b'")
+
+
+def _virtual_problems(plan: Plan, stages: list[PipelineStage], n_layers: int | None,
+                      pp: int) -> list[Diagnostic]:
+    """Megatron's conditions on interleaved 1F1B (docs/semantics.md §5.3)."""
+    length = n_layers if n_layers is not None else _assumed_length(_selections(stages))
+    if length is None or length > MAX_ASSUMED_LAYERS:
+        return []
+    chunks = layer_chunks(stages, length)
+    counts = {s.index: len(chunks.get(s.index, [])) for s in stages}
+    if max(counts.values(), default=0) < 2:
+        return [_no_virtual_stages(plan, "every pipeline stage holds one run of consecutive "
+                                   "layers")]
+    found = []
+    v = max(counts.values())
+    by_index = {s.index: s for s in stages}
+    for stage in stages:
+        if counts[stage.index] != v:
+            found.append(messages.at(
+                codes.VIRTUAL_STAGES,
+                f"pipeline stage {stage.index} holds {counts[stage.index]} layer chunk(s), "
+                f"another holds {v}", stage.origin,
+                notes=["with interleaved-1f1b every pp rank holds the same number of "
+                       "chunks (virtual pipeline stages)"],
+                help="give every pipeline-stage the same number of layer ranges"))
+    if found:
+        return found
+    ordered = sorted((run.start, index, c) for index, runs in chunks.items()
+                     for c, run in enumerate(runs))
+    for position, (start, index, c) in enumerate(ordered):
+        if (index, c) != (position % pp, position // pp):
+            want = position % pp
+            found.append(messages.at(
+                codes.VIRTUAL_STAGES,
+                f"layer {start} starts virtual stage {position}, which belongs to pp rank "
+                f"{want}, but pipeline stage {index} holds it", by_index[index].origin,
+                notes=["chunk c of pp rank r is virtual stage c*pp + r: the layer chunks "
+                       "go round-robin over the pp ranks in layer order"],
+                help=f"move the chunk starting at layer {start} to pipeline-stage {want}"))
+            break
+    if plan.microbatches % pp:
+        origin = plan.header_origin("microbatches") or stages[0].origin
+        found.append(messages.at(
+            codes.VIRTUAL_STAGES,
+            f"interleaved-1f1b needs microbatches divisible by pp ({plan.microbatches} "
+            f"microbatches, pp={pp})", origin,
+            notes=["Megatron's interleaved schedule runs microbatches in groups of pp"],
+            help=f"use a multiple of {pp} microbatches"))
+    for send in plan.sends:
+        found.append(messages.at(
+            codes.VIRTUAL_STAGES, "explicit 'send' with virtual stages", send.origin,
+            notes=["with interleaved-1f1b the transfers between virtual stages are implied; "
+                   "a send's stage numbers would be ambiguous (pp rank or virtual stage)"],
+            help="remove the send; values move from each virtual stage to the next"))
     return found
 
 
@@ -428,6 +524,11 @@ def _layer_selection(member: TensorPattern) -> tuple[str, int, SliceSeg | None] 
     if isinstance(seg, SliceSeg):
         return ("slice", 0, seg)
     return None
+
+
+def is_layer_selection(member: TensorPattern) -> bool:
+    """``layers``, ``layers.*``, ``layers[3]``, ``layers[0:8]``: a selection of whole layers."""
+    return _layer_selection(member) is not None
 
 
 def _selections(stages: list[PipelineStage]) -> list[_Selection]:

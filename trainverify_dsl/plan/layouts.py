@@ -236,12 +236,15 @@ class LayoutTable:
             earlier = entry.dims.get(dim)
             if earlier is None:
                 entry.dims[dim] = (axes, claim.origin)
-            elif earlier[0] != axes and set(earlier[0]).isdisjoint(axes):
+            elif earlier[0] != axes:
+                order = set(earlier[0]) == set(axes)
                 self.collector.add(messages.conflict(
                     codes.CONFLICTING_LAYOUT, f"conflicting layouts for '{claim.target}'",
                     earlier[1], claim.origin,
                     [f"dimension {dim} is split over {_axes(earlier[0])} in the first "
-                     f"statement and over {_axes(axes)} here"],
+                     f"statement and over {_axes(axes)} here"
+                     + (" (the same axes in another block order: another placement of the "
+                        "blocks)" if order else "")],
                     "split each dimension in one statement, axes in block order"))
 
     def layouts(self) -> tuple[Layout, ...]:

@@ -44,6 +44,10 @@ ALGORITHMS = (
     "expert-parallel",
     "row-parallel-linear",
 )
+#: The options each algorithm defines (``KEY=VALUE`` on its statement). None defines one yet:
+#: an algorithm's local program is fixed by docs/semantics.md §7, so any option is an error
+#: rather than a setting silently ignored.
+ALGORITHM_OPTIONS: dict[str, tuple[str, ...]] = {name: () for name in ALGORITHMS}
 
 #: Hyper-parameters per optimizer kind; ``lr`` is required for every kind.
 OPTIMIZER_HYPER: dict[str, tuple[str, ...]] = {

@@ -330,6 +330,23 @@ PIPELINE_AXIS_GROUP = _code(
     _HEAD + "mesh pp=2, dp=2\nall-reduce grad(params) over dp, pp op=avg\n",
     _HEAD + "mesh pp=2, dp=2\nall-reduce grad(params) over dp op=avg\n",
 )
+VIRTUAL_STAGES = _code(
+    "TVP247", "virtual-stages", "an interleaved pipeline without well-formed virtual stages",
+    "With `schedule interleaved-1f1b` every pp rank holds the same number v >= 2 of layer "
+    "chunks (Megatron's virtual pipeline stages): a `pipeline-stage` lists its chunks as "
+    "layer ranges, chunk c of pp rank r is virtual stage c*pp + r, and the chunks follow the "
+    "layer order round-robin over the pp ranks. The microbatches must be divisible by pp, and "
+    "transfers are implied (no explicit `send`).",
+    "An interleaved schedule over one chunk per rank is a plain 1F1B pipeline under another "
+    "name, usually a forgotten virtual-pipeline setting; chunks out of round-robin order, or "
+    "unequal chunk counts, do not describe Megatron's interleaved schedule, which also "
+    "requires microbatches divisible by pp.",
+    _HEAD + "mesh pp=2, dp=2\nmicrobatches 4 schedule interleaved-1f1b\n"
+    "pipeline-stage 0: embed, layers[0:2]\npipeline-stage 1: layers[2:4], norm, output, loss\n",
+    _HEAD + "mesh pp=2, dp=2\nmicrobatches 4 schedule interleaved-1f1b\n"
+    "pipeline-stage 0: embed, layers[0:1], layers[2:3]\n"
+    "pipeline-stage 1: layers[1:2], layers[3:4], norm, output, loss\n",
+)
 
 # ---------------------------------------------------------------- step settings and optimizer
 
@@ -489,6 +506,7 @@ CODES: tuple[Code, ...] = (
     SPLIT_AND_PARTIAL, CONFLICTING_LAYOUT, DUPLICATE_STATEMENT, SPLIT_NOT_DIVISIBLE,
     LAYOUT_RANK_MISMATCH, PIPELINE_AXIS_LAYOUT, PIPELINE_WITHOUT_PP, STAGE_OUT_OF_RANGE,
     STAGE_OVERLAP, STAGE_GAP, STAGE_ORDER, STAGE_COVERAGE, PIPELINE_AXIS_GROUP,
+    VIRTUAL_STAGES,
     INVALID_MICROBATCHES, INVALID_LOSS_SCALE, UNKNOWN_OPTIMIZER, UNKNOWN_HYPERPARAMETER,
     MISSING_HYPERPARAMETER, INVALID_OPTION_VALUE, GRADIENT_STATEMENT_KIND, UNKNOWN_OPTION,
     MISSING_OPTION, INVALID_BACKWARD, UNKNOWN_REDUCE_OP, UNKNOWN_ALGORITHM, UNKNOWN_SCHEDULE,

@@ -53,6 +53,7 @@ _DATA = ("mesh dp=2, tp=2", "split x [dp, -, -]", "split target [dp, -, -]")
 _STEP = ("all-reduce grad(params) over dp op=avg", "optimizer sgd lr=0.1")
 _MEGATRON = ("split fc1.weight [tp, -]", "copy fc1.in over tp", "split fc2.weight [-, tp]",
              "all-reduce fc2.out over tp")
+_CLIP_RECIPE = "spec-optimizer sgd lr=0.1 clip-grad-norm=0.001"
 
 #: Correct plans (each simulated once: it must agree with the spec).
 CONTEXTS: dict[str, tuple[str, ...]] = {
@@ -93,6 +94,9 @@ CONTEXTS: dict[str, tuple[str, ...]] = {
     # two pipeline stages: fc1 | fc2 and the loss
     "pp": ("mesh pp=2, dp=2", "split x [dp, -, -]", "split target [dp, -, -]",
            "pipeline-stage 0: fc1", "pipeline-stage 1: fc2, loss") + _STEP,
+    # Megatron tensor parallel with a recipe that clips (its first line replaces HEAD's
+    # recipe); the norm is small enough that the clipping is active
+    "clip": (_CLIP_RECIPE,) + _DATA + _MEGATRON + _STEP + ("clip-grad-norm 0.001",),
 }
 #: Plans completed by the statement under test (not simulated alone).
 FRAGMENTS: dict[str, tuple[str, ...]] = {
@@ -355,7 +359,9 @@ SCENARIOS: dict[tuple[str, str, str], Outcome] = {
     ("shard", "optimizer", "pp"): Lint("TVP246", "optimizer sgd lr=0.1 shard over dp, pp", "pp"),
     ("loss-scale", "seed", "-"): Honoured("mb", "loss-scale 1/microbatches", "loss-scale 1",
                                           DIFFERS, replaces="loss-scale 1/microbatches"),
-    ("clip-grad-norm", "grads", "-"): Spec("TVP413", "clip-grad-norm 1.0"),
+    # every copy counted: the dp replicas (and the tp-replicated biases) count twice
+    ("clip-grad-norm", "grads", "-"): Honoured("clip", "clip-grad-norm 0.001",
+                                               "clip-grad-norm 0.001 replicas=each", DIFFERS),
     ("algorithm", "module", "tp"): Spec("TVP408",
                                         "algorithm vocab-parallel-embedding for fc1 over tp",
                                         "tp"),
@@ -400,13 +406,16 @@ def _quiet():
 
 def plan_text(context: str, line: str | None = None, replaces: str | None = None) -> str:
     lines = list(CONTEXTS.get(context) or FRAGMENTS[context])
+    head = HEAD
+    if lines and lines[0].startswith("spec-optimizer "):  # the context's own recipe
+        head = HEAD.replace("spec-optimizer sgd lr=0.1\n", lines.pop(0) + "\n")
     if line is not None and line.startswith("optimizer ") and replaces is None:
         replaces = next(x for x in lines if x.startswith("optimizer "))  # one per plan
     if line is not None and replaces is not None:
         lines[lines.index(replaces)] = line
     elif line is not None and line not in lines:
         lines.append(line)
-    return HEAD + "\n".join(lines) + "\n"
+    return head + "\n".join(lines) + "\n"
 
 
 def line_of(text: str, statement: str) -> int:
@@ -534,6 +543,12 @@ def recorded(lw: Lowered, text: str, statement: str) -> bool:
     spans += [s.origin.span for s in lw.plan.stages] if len(lw.stages) > 1 else []
     if lw.plan.optimizer is not None and lw.plan.optimizer.shard_axes:
         spans.append(lw.plan.optimizer.origin.span)
+    if statement.startswith("clip-grad-norm"):  # the program's GradClip
+        from trainverify_dsl.lower.program import parallel_program
+
+        clip = parallel_program(lw).clip
+        return clip is not None and clip.origin.span is not None and \
+            clip.origin.span.line == line
     if statement.startswith("loss-scale"):
         return lw.plan.loss_scale != 1  # the seed every stage graph is fed (§4.3)
     return any(span is not None and span.line == line for span in spans)

@@ -219,7 +219,7 @@ def _layout_pass(path: str | Path, allow_model_outside_root: bool,
 def spec_optimizer(plan: Plan) -> optim.Optimizer | None:
     """The reference step's optimizer: the plan's ``spec-optimizer`` recipe, or ``None``."""
     opt = plan.spec_optimizer
-    return None if opt is None else optim.optimizer_config(opt.kind, dict(opt.hyper))
+    return None if opt is None else optim.optimizer_config(opt.kind, dict(opt.hyper), opt.clip)
 
 
 def over_budget(plan: Any, need: Estimate, budget: int, shrunk: bool) -> Diagnostic:
@@ -318,10 +318,6 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     setup: SimulationSetup = prepare(path, shrink=shrink, real=False,
                                      allow_model_outside_root=allow_model_outside_root)
     setup.plan, idle = without_idle_axes(setup.plan)
-    if setup.plan.clip_grad_norm is not None:
-        raise SimulationSetupError([], f"{path}: `clip-grad-norm` is not simulated yet "
-                                       "(neither side would clip, so agreement would say "
-                                       "nothing about it)")
     from trainverify_dsl.spec.trace import trace_training_step
 
     reference_opt = spec_optimizer(setup.plan)

@@ -4,8 +4,9 @@
 marked points, and what the plan's program produced (``ir/execute.py``) on the same inputs.
 ``CHECKS`` run in order (Alive2's discipline: each has a stable name; all run): the copies of
 the loss, the logical loss (§4.6), gradient coverage, every gradient copy in its final layout,
-the plan's layout claims (§2.4), the optimizer recipe, every updated parameter and optimizer
-state, and the derived lineages at marked points.
+the plan's layout claims (§2.4), the optimizer recipe, every rank's gradient-clipping
+coefficient (§6.3), every updated parameter and optimizer state, and the derived lineages at
+marked points.
 
 The checks say *what* is compared with *what*; a ``Comparator`` says whether two values are
 equal. ``tvp simulate`` compares float64 values with a tolerance (``simulate/run.py``);
@@ -268,6 +269,17 @@ def _check_recipe(pair: Pair) -> None:
         pair.fail("optimizer recipe", "optimizer", span, pair.recipe.problem)
 
 
+def _check_clipping(pair: Pair) -> None:
+    """Every rank's ``clip-grad-norm`` coefficient against the reference's (§6.3)."""
+    clip = pair.program.clip
+    if clip is None or "clip.coef" not in pair.want:
+        return  # a recipe without clipping is the recipe check's finding
+    for rank, coef in sorted(pair.got.clip_coefs.items()):
+        pair.compare("clipping", "clip coefficient", rank, coef, pair.want["clip.coef"],
+                     clip.origin.span, f"norm group over {', '.join(clip.axes)}, "
+                     f"replicas={clip.replicas}")
+
+
 def _check_updates(pair: Pair) -> None:
     opt = pair.program.optimizer
     if opt is None or not pair.recipe.reference_updates:
@@ -319,6 +331,7 @@ CHECKS: tuple[tuple[str, Callable[[Pair], None]], ...] = (
     ("gradients", _check_gradients),
     ("claims", _check_claims),
     ("optimizer recipe", _check_recipe),
+    ("clipping", _check_clipping),
     ("updates", _check_updates),
     ("lineages", _check_lineages),
 )

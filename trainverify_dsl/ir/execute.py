@@ -42,6 +42,8 @@ class ParallelOutcome:
     #: rank -> name -> updated piece: ``new(p)`` in the parameter's layout, ``new(s(p))``
     #: in the block layout
     updates: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    #: rank -> its ``clip-grad-norm`` coefficient (a 0-d value), when the plan clips
+    clip_coefs: dict[int, Any] = field(default_factory=dict)
 
 
 class _Run:
@@ -105,6 +107,7 @@ class _Run:
         if not step:
             return self.out
         self._grad_syncs()
+        self.clipped = self._clip() if self.p.clip is not None else self.out.grads
         if self.p.optimizer is not None:
             for update in self.p.optimizer.updates:
                 self._update(update, self.p.optimizer.shard_axes)
@@ -196,11 +199,50 @@ class _Run:
                     for r, out in zip(group, outs, strict=True):
                         grads[r][param] = out
 
+    def _clip(self) -> dict[int, dict[str, Any]]:
+        """``clip-grad-norm`` (§6.3): the gradients every rank holds, scaled by the clip
+        coefficient of the squared norm summed over the norm group (``GradClip``)."""
+        clip = self.p.clip
+        assert clip is not None
+        final = self.p.final_grad_layouts()
+        squares, scales = dict(clip.squares), dict(clip.scales)
+        totals: dict[int, Any] = {}
+        for rank in range(self.mesh.world_size):
+            coords = self.mesh.coords(rank)
+            total = self.domain.fill((), 0)
+            for param, grad in self.out.grads.get(rank, {}).items():
+                if clip.replicas == "once" and not self._counted(final[param], coords, clip.axes):
+                    continue
+                square = evaluate_graph(squares[param], {"grad": grad}, self.domain)["square"]
+                total = evaluate_graph(clip.add, {"a": total, "b": square}, self.domain)["sum"]
+            totals[rank] = total
+        attrs = {"axis": ",".join(clip.axes), "op": "sum",
+                 "group_size": self.mesh.group_size(clip.axes)}
+        for group in self.mesh.groups(clip.axes):
+            summed = self.domain.collective("all_reduce", [(totals[r],) for r in group], attrs)
+            totals.update(zip(group, summed, strict=True))
+        clipped: dict[int, dict[str, Any]] = {}
+        for rank, acc in self.out.grads.items():
+            coef = evaluate_graph(clip.coefficient, {"total": totals[rank]}, self.domain)["coef"]
+            self.out.clip_coefs[rank] = coef
+            clipped[rank] = {p: evaluate_graph(scales[p], {"grad": g, "coef": coef},
+                                               self.domain)["clipped"] for p, g in acc.items()}
+        return clipped
+
+    def _counted(self, layout: TLayout, coords: Mapping[str, int], axes: tuple[str, ...]
+                 ) -> bool:
+        """``replicas=once``: a rank's copy counts unless another coordinate of a group axis
+        that does not split the gradient holds the same copy (coordinate 0 counts); the
+        pipeline axis holds no copies (a gradient lives on one stage)."""
+        split = {a for dim in layout.dims for f in dim for a in f.axes}
+        return all(coords[a] == 0 for a in axes
+                   if a not in split and a != self.p.pipeline_axis)
+
     def _update(self, u: ParamUpdate, shard: tuple[str, ...]) -> None:
         final = self.p.final_grad_layouts()[u.param]
         names = [g.name for g in u.graph.inputs]
         pieces: dict[int, np.ndarray] = {}
-        for rank, acc in sorted(self.out.grads.items()):
+        for rank, acc in sorted(self.clipped.items()):
             if u.param not in acc:
                 continue
             coords = self.coords(rank)

@@ -21,6 +21,8 @@ Invariants (``parallel_problems``):
    ``param, grad, <states>`` at the block's local shape, and the final gradient layout is the
    parameter's layout or its block layout.
 6. Group sizes match the mesh: every axis named anywhere is a mesh axis (or ``@mb``).
+7. Gradient clipping has a square and a scale graph for every held gradient, at the local
+   shape of its final layout, and its norm group names mesh axes.
 """
 
 from __future__ import annotations
@@ -141,6 +143,25 @@ class OptimizerStep:
 
 
 @dataclass(frozen=True, slots=True)
+class GradClip:
+    """``clip-grad-norm`` (§6.3), between the gradient statements and the optimizer: every
+    rank adds the squares of the gradients it holds (``squares[p]``, accumulated with
+    ``add``), the sums are all-reduced over ``axes`` (the norm group), and every gradient is
+    multiplied by ``coefficient(total)``. With ``replicas == "once"`` a rank counts a gradient
+    only at coordinate 0 of each group axis that does not split it (the pipeline axis never
+    holds copies); with ``"each"`` every copy counts."""
+
+    max_norm: Fraction
+    axes: tuple[str, ...]
+    replicas: str
+    squares: tuple[tuple[str, Graph], ...]
+    scales: tuple[tuple[str, Graph], ...]
+    add: Graph
+    coefficient: Graph
+    origin: Source = NO_SOURCE
+
+
+@dataclass(frozen=True, slots=True)
 class LossReduction:
     """§4.6: the logical loss is the mean over data blocks (the ``data_axes``) and
     microbatches of the local losses; every other axis holds equal copies."""
@@ -190,6 +211,8 @@ class ParallelProgram:
     param_layouts: tuple[tuple[str, TLayout], ...]
     #: the layout statement that distributes each parameter (absent: replicated by default)
     param_sources: tuple[tuple[str, Source], ...] = ()
+    #: ``clip-grad-norm`` (``None``: no clipping)
+    clip: GradClip | None = None
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -242,6 +265,7 @@ def parallel_problems(program: ParallelProgram) -> list[str]:
     losses = [st.index for st in program.stages if st.output("loss")]
     if len(losses) != 1:
         problems.append(f"the loss is produced by stages {losses}, expected exactly one")
+    problems += _clip_problems(program)
     problems += _optimizer_problems(program)
     return problems
 
@@ -314,6 +338,27 @@ def _sync_problems(program: ParallelProgram) -> list[str]:
     return problems
 
 
+def _clip_problems(program: ParallelProgram) -> list[str]:
+    clip = program.clip
+    if clip is None:
+        return []
+    mesh, final, sizes = dict(program.mesh), program.final_grad_layouts(), program.sizes
+    problems = [f"clip-grad-norm: unknown axis {a}" for a in clip.axes if a not in mesh]
+    squares, scales = dict(clip.squares), dict(clip.scales)
+    for param, _ in program.param_layouts:
+        if not program.holders(param):
+            continue
+        shape = final[param].local_shape(sizes)
+        for what, graphs in (("square", squares), ("scale", scales)):
+            graph = graphs.get(param)
+            if graph is None:
+                problems.append(f"clip-grad-norm has no {what} graph for grad({param})")
+            elif graph.inputs[0].type.shape != shape:
+                problems.append(f"clip-grad-norm {what} of grad({param}): shape "
+                                f"{graph.inputs[0].type.shape}, the gradient's is {shape}")
+    return problems
+
+
 def _optimizer_problems(program: ParallelProgram) -> list[str]:
     opt = program.optimizer
     if opt is None:
@@ -379,12 +424,23 @@ def format_parallel(program: ParallelProgram, graphs: bool = True) -> str:
     for s in program.grad_syncs:
         lines.append(f"sync {s.kind} over {','.join(s.axes)} op={s.op} dim={s.dim}: "
                      f"{', '.join(s.params)}{_where(s.origin)}")
+    lines += _format_clip(program.clip, graphs)
     lines += _format_optimizer(program.optimizer, graphs)
     for lin in program.lineages:
         lines.append(f"lineage {lin.point}: {lin.layout.describe()}")
     for c in program.claims:
         lines.append(f"claim {c.target}: {c.layout.describe()}{_where(c.origin)}")
     return "\n".join(lines) + "\n"
+
+
+def _format_clip(clip: GradClip | None, graphs: bool) -> list[str]:
+    if clip is None:
+        return []
+    lines = [f"clip-grad-norm {_fraction(clip.max_norm)} over {','.join(clip.axes)} "
+             f"replicas={clip.replicas}{_where(clip.origin)}"]
+    if graphs:
+        lines.append(format_graph(clip.coefficient, "coefficient").rstrip("\n"))
+    return lines
 
 
 def _format_optimizer(opt: OptimizerStep | None, graphs: bool) -> list[str]:

@@ -262,16 +262,7 @@ class _Binder:
         self._stages()
         self._algorithms()
         self._sends()
-        self._not_lowered()
         return self.b
-
-    def _not_lowered(self) -> None:
-        """Statements the lowering has no program for yet: rejected, never dropped."""
-        clip = self.plan.clip_grad_norm
-        if clip is not None:
-            self.error("`clip-grad-norm` is not lowered yet: the parallel program would not "
-                       "clip, so no check could say anything about it", clip.origin,
-                       help="remove it to check the rest of the plan", code=codes_lower.NOT_LOWERED)
 
     def _sends(self) -> None:
         for send in self.plan.sends:

@@ -18,6 +18,7 @@ from trainverify_dsl.ir.graph import Graph
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, Factor, TLayout
 from trainverify_dsl.ir.parallel import (
     Claim,
+    GradClip,
     GradSync,
     Lineage,
     LossReduction,
@@ -125,6 +126,40 @@ def _grad_syncs(lowered: Lowered) -> tuple[GradSync, ...]:
     return tuple(out)
 
 
+def _clip(lowered: Lowered, stages: tuple[Stage, ...],
+          final: dict[str, TLayout]) -> GradClip | None:
+    """``clip-grad-norm`` (§6.3) on the gradients each rank holds after the gradient
+    statements; the norm group defaults to every mesh axis."""
+    clip = lowered.plan.clip_grad_norm
+    if clip is None:
+        return None
+    held = {s.spec: st for st in stages for s in st.output("grad")}
+    sizes = lowered.sizes
+    types: dict[str, TensorType] = {}
+    for param, st in held.items():
+        dtype = st.graph.inputs[st.graph.input_index(param)].type.dtype
+        types[param] = TensorType(final[param].local_shape(sizes), dtype)
+    dtypes = {t.dtype for t in types.values()}
+    if len(dtypes) > 1:
+        raise LoweringError(Finding(
+            codes_lower.COLLECTIVE_MISMATCH, "clip-grad-norm over parameters of several dtypes "
+            f"({', '.join(sorted(dtypes))}) is not lowered", clip.origin.report_span,
+            "clip-grad-norm"))
+    dtype = next(iter(dtypes), "f32")
+    squares: dict[TensorType, Graph] = {}
+    scales: dict[TensorType, Graph] = {}
+    for t in types.values():
+        squares.setdefault(t, optim.square_sum_graph(t))
+        scales.setdefault(t, optim.clip_scale_graph(t))
+    axes = clip.axes or tuple(a for a, _ in lowered.mesh_axes)
+    return GradClip(clip.max_norm, tuple(axes), clip.replicas,
+                    tuple((p, squares[t]) for p, t in types.items()),
+                    tuple((p, scales[t]) for p, t in types.items()),
+                    optim.scalar_add_graph(dtype),
+                    optim.clip_coefficient_graph(float(clip.max_norm), dtype),
+                    source_of(clip.origin))
+
+
 def _optimizer(lowered: Lowered, stages: tuple[Stage, ...]) -> OptimizerStep | None:
     opt = lowered.plan.optimizer
     if opt is None:
@@ -222,5 +257,6 @@ def parallel_program(lowered: Lowered, graphs: list[Graph] | None = None) -> Par
     sources = tuple((p, source_of(lowered.binding.param_layouts[p].origins[-1]))
                     for p, _ in param_layouts if p in lowered.binding.param_layouts
                     and lowered.binding.param_layouts[p].origins)
-    return replace(program, claims=_claims(lowered, program.final_grad_layouts()),
-                   param_sources=sources)
+    final = program.final_grad_layouts()
+    return replace(program, claims=_claims(lowered, final), param_sources=sources,
+                   clip=_clip(lowered, stages, final))

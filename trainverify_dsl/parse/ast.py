@@ -345,11 +345,13 @@ class OptimizerDecl:
 
 @dataclass(frozen=True, slots=True)
 class ClipGradNormDecl:
-    """``clip-grad-norm 1.0``: clip by the global gradient norm."""
+    """``clip-grad-norm 1.0 [over tp, pp] [replicas=once]``: clip by the gradient norm summed
+    over the axes (no axes: every mesh axis)."""
 
     max_norm: Expr
     options: tuple[Option, ...]
     span: Span
+    axes: tuple[Ident, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -273,7 +273,10 @@ class AstBuilder:
         return _Shard(children[0].axes, self.span(raw))
 
     def clip_grad_norm_decl(self, raw, children) -> ast.ClipGradNormDecl:
-        return ast.ClipGradNormDecl(children[0], tuple(children[1:]), self.span(raw))
+        max_norm, *rest = children
+        axes = next((c.axes for c in rest if isinstance(c, _Axes)), ())
+        options = tuple(c for c in rest if isinstance(c, ast.Option))
+        return ast.ClipGradNormDecl(max_norm, options, self.span(raw), axes)
 
     def algorithm_stmt(self, raw, children) -> ast.AlgorithmStmt:
         name, *rest = children

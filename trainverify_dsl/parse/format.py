@@ -235,7 +235,8 @@ def _optimizer_decl(s: ast.OptimizerDecl) -> str:
 
 
 def _clip_grad_norm_decl(s: ast.ClipGradNormDecl) -> str:
-    return f"clip-grad-norm {expr_text(s.max_norm)}{_options(s.options)}"
+    axes = _over(s.axes) if s.axes else ""
+    return f"clip-grad-norm {expr_text(s.max_norm)}{axes}{_options(s.options)}"
 
 
 def _algorithm_stmt(s: ast.AlgorithmStmt) -> str:

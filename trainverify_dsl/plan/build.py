@@ -4,7 +4,7 @@ statement in program order, with the per-statement checks (names, options, numbe
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from trainverify_dsl.parse import ast
@@ -454,10 +454,30 @@ class Builder:
                 codes.UNKNOWN_OPTIMIZER, "optimizer", kind, tuple(vocab.OPTIMIZER_HYPER),
                 Origin(stmt.kind.span, origin.trail)))
             return None
+        clip = None
+        if statement is ast.SpecOptimizerDecl:
+            clip = self._spec_clip(stmt, origin)
+            stmt = replace(stmt, options=tuple(o for o in stmt.options
+                                               if o.key.name != vocab.SPEC_CLIP))
         hyper = self._hyper(stmt, kind, origin)
         shard_axes = getattr(stmt, "shard_axes", ())
         shard = self._axes(shard_axes, origin, f"optimizer {kind} shard") if shard_axes else ()
-        return Optimizer(kind, hyper, shard, origin)
+        return Optimizer(kind, hyper, shard, origin, clip)
+
+    def _spec_clip(self, stmt: ast.SpecOptimizerDecl, origin: Origin) -> Fraction | None:
+        """The reference recipe's ``clip-grad-norm=C`` (a positive number), if given."""
+        option = next((o for o in stmt.options if o.key.name == vocab.SPEC_CLIP), None)
+        if option is None:
+            return None
+        where = Origin(option.span, origin.trail)
+        if isinstance(option.value, ast.Path | ast.TupleValue):
+            self._invalid_value(vocab.SPEC_CLIP, "a positive number", where)
+            return None
+        value = self.evaluator.number(option.value, where)
+        if value is not None and (value <= 0 or value > FLOAT64_MAX):
+            self._invalid_value(vocab.SPEC_CLIP, "a positive number a float64 holds", where)
+            return None
+        return value
 
     def _hyper(self, stmt: ast.OptimizerDecl, kind: str, origin: Origin):
         allowed = vocab.OPTIMIZER_HYPER[kind]
@@ -523,8 +543,19 @@ class Builder:
         if value <= 0 or value > FLOAT64_MAX:
             self._invalid_value("clip-grad-norm", "a positive number a float64 holds", origin)
             return None
-        options = tuple(o for o in stmt.options if o.key.name in vocab.CLIP_OPTIONS)
-        return ClipGradNorm(value, self._free_options(options, origin), origin)
+        options = self._free_options(
+            tuple(o for o in stmt.options if o.key.name in vocab.CLIP_OPTIONS), origin)
+        for key, given in options:  # a bad value is reported; the statement still clips
+            where = next(Origin(o.span, origin.trail) for o in stmt.options
+                         if o.key.name == key)
+            if key == "norm-type" and given != 2:
+                self._invalid_value("norm-type", "2 (the L2 norm, the only one lowered)", where)
+            if key == "replicas" and given not in vocab.CLIP_REPLICAS:
+                self._invalid_value("replicas", " or ".join(vocab.CLIP_REPLICAS), where)
+        options = tuple((k, v) for k, v in options
+                        if k != "replicas" or v in vocab.CLIP_REPLICAS)
+        axes = self._axes(stmt.axes, origin, "clip-grad-norm") if stmt.axes else ()
+        return ClipGradNorm(value, options, origin, axes)
 
 
 #: the largest finite float64: hyper-parameters are float64 numbers in the training step

@@ -411,6 +411,9 @@ class Optimizer:
     hyper: tuple[tuple[str, OptionValue], ...]
     shard_axes: tuple[str, ...]
     origin: Origin
+    #: the reference recipe's gradient clipping (``spec-optimizer ... clip-grad-norm=C``):
+    #: ``torch.nn.utils.clip_grad_norm_(params, C)`` before the step; ``None``: no clipping
+    clip: Fraction | None = None
 
     def get(self, name: str) -> OptionValue | None:
         return dict(self.hyper).get(name)
@@ -418,9 +421,18 @@ class Optimizer:
 
 @dataclass(frozen=True, slots=True)
 class ClipGradNorm:
+    """``clip-grad-norm`` (docs/semantics.md §6.3): the norm group's axes (empty: every mesh
+    axis) and whether copies replicated over a group axis count once (``replicas=once``, the
+    default) or each (``replicas=each``)."""
+
     max_norm: Fraction
     options: tuple[tuple[str, OptionValue], ...]
     origin: Origin
+    axes: tuple[str, ...] = ()
+
+    @property
+    def replicas(self) -> str:
+        return str(dict(self.options).get("replicas", "once"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,7 +558,8 @@ def plan_to_dict(plan: Plan) -> dict:
             "shard_axes": list(opt.shard_axes), "origin": _origin_dict(opt.origin)}
     clip = plan.clip_grad_norm
     data["clip_grad_norm"] = None if clip is None else {
-        "max_norm": exact(clip.max_norm), "options": _options_dict(clip.options),
+        "max_norm": exact(clip.max_norm), "axes": list(clip.axes),
+        "options": _options_dict(clip.options),
         "origin": _origin_dict(clip.origin)}
     data["algorithms"] = [{"name": a.name, "targets": [str(t) for t in a.targets],
                            "axes": list(a.axes), "options": _options_dict(a.options),

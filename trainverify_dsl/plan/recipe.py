@@ -39,6 +39,34 @@ def _show(value: object) -> str:
 
 
 def recipe_problems(plan: Plan) -> list[Diagnostic]:
+    return _optimizer_problems(plan) + _clip_problems(plan)
+
+
+def _clip_problems(plan: Plan) -> list[Diagnostic]:
+    """The plan's ``clip-grad-norm`` against the recipe's ``clip-grad-norm=`` (§6.3)."""
+    mine, ref = plan.clip_grad_norm, plan.spec_optimizer
+    if ref is None or (mine is None and ref.clip is None):
+        return []
+    related = ((ref.origin.report_span, "the spec's optimizer"),)
+    if mine is None:
+        where = plan.optimizer.origin if plan.optimizer else ref.origin
+        return [messages.at(codes.OPTIMIZER_DIFFERS, "the spec's recipe clips gradients at norm "
+                            f"{_show(ref.clip)}, the plan does not clip", where,
+                            related=related, help=f"add 'clip-grad-norm {_show(ref.clip)}'")]
+    if ref.clip is None:
+        return [messages.at(codes.OPTIMIZER_DIFFERS, "the plan clips gradients at norm "
+                            f"{_show(mine.max_norm)}, the spec's recipe does not clip",
+                            mine.origin, related=related,
+                            help="remove the statement, or state the reference's clipping: "
+                                 f"'spec-optimizer ... clip-grad-norm={_show(mine.max_norm)}'")]
+    if mine.max_norm != ref.clip:
+        return [messages.at(codes.OPTIMIZER_DIFFERS, "the plan clips gradients at norm "
+                            f"{_show(mine.max_norm)}, the spec's recipe at {_show(ref.clip)}",
+                            mine.origin, related=related)]
+    return []
+
+
+def _optimizer_problems(plan: Plan) -> list[Diagnostic]:
     mine, ref = plan.optimizer, plan.spec_optimizer
     if mine is None:
         return []

@@ -33,7 +33,12 @@ COLLECTIVE_REDUCE_OPS: dict[str, tuple[str, ...]] = {
 BACKWARD_KINDS = ("identity", "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "scatter")
 
 PARTIAL_OPTIONS = ("op",)
-CLIP_OPTIONS = ("norm-type",)
+CLIP_OPTIONS = ("norm-type", "replicas")
+#: ``replicas=``: a gradient copy replicated over a norm-group axis counts once (Megatron's
+#: ``param_is_not_tensor_parallel_duplicate``) or once per copy.
+CLIP_REPLICAS = ("once", "each")
+#: the ``spec-optimizer`` option giving the reference step's gradient clipping
+SPEC_CLIP = "clip-grad-norm"
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 

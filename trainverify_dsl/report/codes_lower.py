@@ -183,24 +183,12 @@ GRADIENT_LAYOUT_MISMATCH = _code(
                 "spec-optimizer sgd lr=0.1\noptimizer sgd lr=0.1 shard over dp\n",
 )
 
-NOT_LOWERED = _code(
-    "TVP413", "not-lowered", "a statement the lowering does not implement yet",
-    "A valid statement that the lowering has no parallel program for yet: today "
-    "`clip-grad-norm` (docs/semantics.md §6.3 states its meaning).",
-    "Every statement of a plan is honoured or rejected, never dropped: checking the plan "
-    "without it would report agreement about a step that does not clip.",
-    _MLP.replace("tp=2", "dp=2") + "split x [dp, -]\nsplit target [dp, -]\n"
-                                   "all-reduce grad(params) over dp op=avg\n"
-                                   "spec-optimizer sgd lr=0.1\noptimizer sgd lr=0.1\n"
-                                   "clip-grad-norm 1.0\n",
-    _MLP.replace("tp=2", "dp=2") + "split x [dp, -]\nsplit target [dp, -]\n"
-                                   "all-reduce grad(params) over dp op=avg\n"
-                                   "spec-optimizer sgd lr=0.1\noptimizer sgd lr=0.1\n",
-)
+# TVP413 `not-lowered` is retired (its one statement, `clip-grad-norm`, is lowered since
+# session 8, docs/semantics.md §6.3): the id is never reused.
 
 CODES: tuple[Code, ...] = (
     UNBOUND_NAME, PARTIAL_INPUT, LAYOUT_MISMATCH, PARTIAL_NONLINEAR,
     MIXED_PARTIAL, COLLECTIVE_MISMATCH, CLAIM_CONTRADICTS_LAYOUT,
     ALGORITHM_NOT_APPLICABLE, UNASSIGNED_OP, MISSING_COLLECTIVE, LOSS_SCALE_MISMATCH,
-    GRADIENT_LAYOUT_MISMATCH, NOT_LOWERED,
+    GRADIENT_LAYOUT_MISMATCH,
 )

@@ -145,7 +145,8 @@ def recipe(program: ParallelProgram, reference_opt: optim.Optimizer | None) -> R
     opt = program.optimizer
     if opt is None or reference_opt is None:
         return Recipe(reference_opt is not None)
-    mine = optim.optimizer_config(opt.kind, dict(opt.hyper))
+    clip = program.clip.max_norm if program.clip is not None else None
+    mine = optim.optimizer_config(opt.kind, dict(opt.hyper), clip)
     if mine == reference_opt:
         return Recipe(True)
     return Recipe(True, f"the plan's optimizer {_describe_opt(mine)} differs from the spec's "

@@ -93,6 +93,10 @@ def torch_step(model: torch.nn.Module, values: Mapping[str, np.ndarray], data: S
         out[f"grad({name})"] = p.grad.numpy().copy()
     if opt is None:
         return out
+    if opt.max_grad_norm is not None:  # the single-device recipe's clipping
+        norm = torch.nn.utils.clip_grad_norm_(list(named.values()), opt.max_grad_norm,
+                                              foreach=False)
+        out["clip.coef"] = np.array(min(1.0, opt.max_grad_norm / (float(norm) + optim.CLIP_EPS)))
     torch_opt = _torch_optimizer(list(named.values()), opt)
     for name, p in named.items():  # start from the drawn states, one step before the checked
         state: dict[str, Any] = {TORCH_STATE[s]: torch.from_numpy(

@@ -31,6 +31,8 @@ class SGD:
     weight_decay: float = 0.0
     nesterov: bool = False
     step: int = 1
+    #: the recipe's ``clip_grad_norm_`` before the step (``None``: no clipping)
+    max_grad_norm: float | None = None
 
     @property
     def states(self) -> tuple[str, ...]:
@@ -47,6 +49,8 @@ class Adam:
     weight_decay: float = 0.0
     step: int = 1
     decoupled: bool = False
+    #: the recipe's ``clip_grad_norm_`` before the step (``None``: no clipping)
+    max_grad_norm: float | None = None
 
     @property
     def states(self) -> tuple[str, ...]:
@@ -54,9 +58,9 @@ class Adam:
 
 
 def AdamW(lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-          weight_decay: float = 0.01, step: int = 1) -> Adam:
+          weight_decay: float = 0.01, step: int = 1, max_grad_norm: float | None = None) -> Adam:
     """torch.optim.AdamW: decoupled weight decay ``p *= 1 - lr * wd`` before the Adam step."""
-    return Adam(lr, betas, eps, weight_decay, step, decoupled=True)
+    return Adam(lr, betas, eps, weight_decay, step, decoupled=True, max_grad_norm=max_grad_norm)
 
 
 Optimizer = SGD | Adam
@@ -133,21 +137,114 @@ def _graph_name(type_: TensorType) -> str:
     return f"optimizer.{type_.dtype}[{','.join(map(str, type_.shape))}]"
 
 
+# -- gradient clipping (docs/semantics.md §6.3) ----------------------------------------------
+
+#: torch.nn.utils.clip_grad_norm_'s guard: ``coef = max_norm / (total_norm + 1e-6)``
+CLIP_EPS = 1e-6
+CLIP_ORIGIN = Origin(phase="clip-grad-norm")
+
+
+def _scalar(dtype: str) -> TensorType:
+    return TensorType((), dtype)
+
+
+def square_sum_graph(type_: TensorType) -> Graph:
+    """``grad -> sum(grad * grad)`` (a 0-d value): one tensor's share of the squared norm."""
+    b = GraphBuilder()
+    g = b.add_input("grad", "activation", type_)
+    square = b.add("mul", (g, g), origin=CLIP_ORIGIN)
+    b.add_output("square", b.add("sum", (square,), {"dims": tuple(range(len(type_.shape))),
+                                                    "keepdim": False}, origin=CLIP_ORIGIN))
+    return b.build()
+
+
+def scalar_add_graph(dtype: str) -> Graph:
+    """``(a, b) -> a + b`` on 0-d values: squared norms accumulate through it."""
+    b = GraphBuilder()
+    x, y = b.add_input("a", "activation", _scalar(dtype)), \
+        b.add_input("b", "activation", _scalar(dtype))
+    b.add_output("sum", b.add("add", (x, y), origin=CLIP_ORIGIN))
+    return b.build()
+
+
+def clip_coefficient_graph(max_norm: float, dtype: str) -> Graph:
+    """``total -> min(1, max_norm / (sqrt(total) + 1e-6))``: torch's clip coefficient from
+    the total squared norm (``clip_grad_norm_`` with ``norm_type=2``)."""
+    b = GraphBuilder()
+    total = b.add_input("total", "activation", _scalar(dtype))
+    o = _Ops(b, _scalar(dtype))
+    norm = o.op("add", o.op("sqrt", total), o.c(CLIP_EPS))
+    coef = o.op("div", o.c(max_norm), norm)
+    b.add_output("coef", b.add("clamp", (coef,), {"min": None, "max": 1.0},
+                               origin=CLIP_ORIGIN))
+    return b.build()
+
+
+def clip_scale_graph(type_: TensorType) -> Graph:
+    """``(grad, coef) -> grad * coef``: the clipped gradient."""
+    b = GraphBuilder()
+    g = b.add_input("grad", "activation", type_)
+    coef = b.add_input("coef", "activation", _scalar(type_.dtype))
+    b.add_output("clipped", b.add("mul", (g, coef), origin=CLIP_ORIGIN))
+    return b.build()
+
+
+def _append_clip(graphs: dict[str, Graph], calls: list[Call], grads: list[tuple[str, TensorType]],
+                 max_norm: float) -> dict[str, str]:
+    """Calls clipping every gradient by the total norm (the single-device
+    ``clip_grad_norm_(model.parameters(), max_norm)``); returns grad -> its clipped value."""
+    total = None
+    dtype = grads[0][1].dtype if grads else "f32"
+    if any(t.dtype != dtype for _, t in grads):
+        raise ValueError("clip-grad-norm over gradients of several dtypes is not supported")
+    for grad, type_ in grads:
+        name = f"clip.square{_graph_name(type_).removeprefix('optimizer')}"
+        graphs.setdefault(name, square_sum_graph(type_))
+        square = f"square({grad})"
+        calls.append(Call(name, (grad,), (square,), label=f"{grad} squared norm"))
+        if total is None:
+            total = square
+            continue
+        graphs.setdefault(f"clip.add.{dtype}", scalar_add_graph(dtype))
+        calls.append(Call(f"clip.add.{dtype}", (total, square), (f"total.{grad}",),
+                          label="squared norm so far"))
+        total = f"total.{grad}"
+    if total is None:
+        return {}
+    graphs["clip.coefficient"] = clip_coefficient_graph(max_norm, dtype)
+    calls.append(Call("clip.coefficient", (total,), ("clip.coef",), label="clip coefficient"))
+    clipped = {}
+    for grad, type_ in grads:
+        name = f"clip.scale{_graph_name(type_).removeprefix('optimizer')}"
+        graphs.setdefault(name, clip_scale_graph(type_))
+        clipped[grad] = f"clipped({grad})"
+        calls.append(Call(name, (grad, "clip.coef"), (clipped[grad],),
+                          label=f"{grad} clipped"))
+    return clipped
+
+
 def append_optimizer(spec: SpecProgram, opt: Optimizer) -> SpecProgram:
-    """``spec`` with an update call per parameter and outputs ``new(p)``, ``new(<state>(p))``."""
+    """``spec`` with an update call per parameter and outputs ``new(p)``, ``new(<state>(p))``;
+    with ``opt.max_grad_norm``, the gradients the updates read are clipped first."""
     program = spec.program
     graphs, calls = dict(program.graphs), list(program.calls)
     states, outputs = [], list(program.outputs)
     defined = {tensor for _, tensor in program.outputs}
-    for param in spec.params:
-        if f"grad({param.name})" not in defined:
-            continue
+    held = [p for p in spec.params if f"grad({p.name})" in defined]
+    clipped: dict[str, str] = {}
+    if opt.max_grad_norm is not None:
+        clipped = _append_clip(graphs, calls, [(f"grad({p.name})", p.type) for p in held],
+                               opt.max_grad_norm)
+        if clipped:
+            outputs.append(("clip.coef", "clip.coef"))
+    for param in held:
         name = _graph_name(param.type)
         graphs.setdefault(name, update_graph(opt, param.type))
         state_names = [f"{s}({param.name})" for s in opt.states]
         states += [GraphInput(s, "state", param.type) for s in state_names]
         results = [f"new({param.name})"] + [f"new({s})" for s in state_names]
-        calls.append(Call(name, (param.name, f"grad({param.name})", *state_names),
+        grad = f"grad({param.name})"
+        calls.append(Call(name, (param.name, clipped.get(grad, grad), *state_names),
                           tuple(results), label=f"{param.name} update"))
         outputs += [(r, r) for r in results]
     new_program = Program(program.inputs + tuple(states), tuple(graphs.items()), tuple(calls),
@@ -203,14 +300,16 @@ def hyper_values(kind: str, hyper: dict[str, object]) -> dict[str, object]:
 CHECKED_STEP = 2
 
 
-def optimizer_config(kind: str, hyper: dict[str, object]) -> Optimizer:
+def optimizer_config(kind: str, hyper: dict[str, object],
+                     max_grad_norm: object = None) -> Optimizer:
     """The ``spec.optim`` config of an optimizer named in text (see ``hyper_values``), at
-    step ``CHECKED_STEP``."""
+    step ``CHECKED_STEP``, clipping at ``max_grad_norm`` when given."""
     v = hyper_values(kind, hyper)
+    clip = None if max_grad_norm is None else _number(max_grad_norm)
     if kind == "sgd":
         return SGD(lr=v["lr"], momentum=v["momentum"], dampening=v["dampening"],  # type: ignore[arg-type]
                    weight_decay=v["weight-decay"], nesterov=v["nesterov"],  # type: ignore[arg-type]
-                   step=CHECKED_STEP)
+                   step=CHECKED_STEP, max_grad_norm=clip)
     return Adam(lr=v["lr"], betas=v["betas"], eps=v["eps"],  # type: ignore[arg-type]
                 weight_decay=v["weight-decay"], step=CHECKED_STEP,
-                decoupled=kind == "adamw")  # type: ignore[arg-type]
+                decoupled=kind == "adamw", max_grad_norm=clip)  # type: ignore[arg-type]

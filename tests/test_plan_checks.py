@@ -79,6 +79,20 @@ CASES = [
      "split w [(dp, tp), -]\nsplit v [(tp, dp), -]\n"),
     (codes.CONFLICTING_LAYOUT, "split w [(dp, tp), -]\nsplit w [dp, -]\n",
      "split w [(dp, tp), -]\n"),
+    # when a gradient statement runs (Rule 4.4)
+    (codes.UNKNOWN_OPTION, "all-reduce x.out over tp after=each\n", "all-reduce x.out over tp\n"),
+    (codes.INVALID_OPTION_VALUE, "microbatches 2\nall-reduce grad(params) over dp after=3\n",
+     "microbatches 2\nall-reduce grad(params) over dp after=2\n"),
+    (codes.INVALID_OPTION_VALUE, "all-reduce grad(params) over dp after=0\n",
+     "all-reduce grad(params) over dp after=1\n"),
+    (codes.INVALID_OPTION_VALUE, "all-reduce grad(params) over dp after=first\n",
+     "all-reduce grad(params) over dp after=each\n"),
+    (codes.INVALID_OPTION_VALUE, "microbatches 2\nall-reduce grad(params) over dp after=1\n"
+     "all-reduce grad(w) over tp op=max\n",
+     "microbatches 2\nall-reduce grad(params) over dp after=1\nall-reduce grad(w) over tp\n"),
+    (codes.INVALID_OPTION_VALUE, "microbatches 2\n"
+     "reduce-scatter grad(params) over dp dim=0 after=1\n",
+     "microbatches 2\nreduce-scatter grad(params) over dp dim=0 after=each\n"),
     # interleaved 1F1B needs virtual stages (several layer chunks per pp rank, round-robin)
     (codes.VIRTUAL_STAGES, "microbatches 4 schedule interleaved-1f1b\n",
      "microbatches 4 schedule 1f1b\n"),

@@ -97,16 +97,30 @@ class _Run:
     # -- the microbatch loop ------------------------------------------------------------
 
     def run(self, step: bool = True) -> ParallelOutcome:
+        # statements timed before the last microbatch (§4.5) reduce each microbatch's
+        # contribution; otherwise they run once, on the accumulated gradients
+        timed = step and any(s.after != 0 for s in self.p.grad_syncs)
+        total = self.out.grads
         for m in range(self.p.microbatches):
+            if timed:
+                self.out.grads = {}
             sends: dict[tuple[str, int], Any] = {}
             for stage in self.p.stages:
                 self._stage(stage, m, sends, {}, forward=True)
             cotangents: dict[tuple[str, int], Any] = {}
             for stage in reversed(self.p.stages):
                 self._stage(stage, m, sends, cotangents, forward=False)
+            if timed:
+                self._grad_syncs(m)
+                for rank, acc in self.out.grads.items():
+                    mine = total.setdefault(rank, {})
+                    for param, value in acc.items():
+                        mine[param] = mine[param] + value if param in mine else value
+        self.out.grads = total
         if not step:
             return self.out
-        self._grad_syncs()
+        if not timed:
+            self._grad_syncs(None)
         self.clipped = self._clip() if self.p.clip is not None else self.out.grads
         if self.p.optimizer is not None:
             for update in self.p.optimizer.updates:
@@ -181,9 +195,14 @@ class _Run:
 
     # -- after the backward -------------------------------------------------------------
 
-    def _grad_syncs(self) -> None:
+    def _grad_syncs(self, m: int | None) -> None:
+        """The gradient statements on ``self.out.grads``: the accumulated gradients
+        (``m is None``), or microbatch ``m``'s contributions, through the statements that
+        reduce them."""
         grads = self.out.grads
         for sync in self.p.grad_syncs:
+            if m is not None and not sync.reduces(m, self.p.microbatches):
+                continue
             attrs = {"axis": ",".join(sync.axes), "op": sync.op,
                      "group_size": self.mesh.group_size(sync.axes)}
             if sync.kind == "reduce_scatter":

@@ -110,7 +110,10 @@ class Transfer:
 
 @dataclass(frozen=True, slots=True)
 class GradSync:
-    """A gradient statement (§4.5): ``kind`` ``all_reduce`` or ``reduce_scatter``."""
+    """A gradient statement (§4.5): ``kind`` ``all_reduce`` or ``reduce_scatter``. ``after``
+    is when it runs: ``0`` after the last microbatch (on the accumulated gradient), ``-1``
+    after every microbatch, ``k`` after microbatch ``k`` (1-based) — a microbatch's
+    contribution goes through the statement when the statement runs at or after it."""
 
     kind: str
     axes: tuple[str, ...]
@@ -118,6 +121,11 @@ class GradSync:
     dim: int
     params: tuple[str, ...]
     origin: Source
+    after: int = 0
+
+    def reduces(self, m: int, microbatches: int) -> bool:
+        """Whether microbatch ``m``'s (0-based) contribution goes through the statement."""
+        return self.after <= 0 or m < self.after or self.after >= microbatches
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,7 +430,8 @@ def format_parallel(program: ParallelProgram, graphs: bool = True) -> str:
         source = "free value" if t.source is None else f"stage {t.source} send.{t.sent}"
         lines.append(f"transfer stage {t.dest} recv.{t.value} <- {source}{_where(t.origin)}")
     for s in program.grad_syncs:
-        lines.append(f"sync {s.kind} over {','.join(s.axes)} op={s.op} dim={s.dim}: "
+        after = "" if s.after == 0 else " after=each" if s.after < 0 else f" after={s.after}"
+        lines.append(f"sync {s.kind} over {','.join(s.axes)} op={s.op} dim={s.dim}{after}: "
                      f"{', '.join(s.params)}{_where(s.origin)}")
     lines += _format_clip(program.clip, graphs)
     lines += _format_optimizer(program.optimizer, graphs)

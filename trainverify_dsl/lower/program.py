@@ -35,6 +35,7 @@ from trainverify_dsl.ir.types import TensorType
 from trainverify_dsl.lower.findings import Finding, LoweringError
 from trainverify_dsl.lower.joint import input_name, output_name, stage_joint
 from trainverify_dsl.lower.lowering import Lowered, StageProgram
+from trainverify_dsl.plan.checks import sync_time
 from trainverify_dsl.plan.model import PIPELINE_AXIS, Layout, Partial
 from trainverify_dsl.report import codes_lower
 from trainverify_dsl.spec import optim
@@ -120,9 +121,11 @@ def _grad_syncs(lowered: Lowered) -> tuple[GradSync, ...]:
                 codes_lower.COLLECTIVE_MISMATCH, f"`{st.kind}` on a gradient has no meaning after "
                 "accumulation: gradient statements are `all-reduce` and `reduce-scatter` "
                 "(docs/semantics.md §4.5)", st.origin.report_span, str(st.target)))
+        time = sync_time(st, lowered.plan.microbatches)
+        after = 0 if time == "last" else -1 if time == "each" else int(time)
         out.append(GradSync(kind, tuple(st.axes), st.op or "sum",
                             st.dim or 0 if kind == "reduce_scatter" else 0, names,
-                            source_of(st.origin)))
+                            source_of(st.origin), after))
     return tuple(out)
 
 

@@ -338,12 +338,41 @@ class Builder:
                 op = self._reduce_op(option, stmt.kind, sub)
                 if op is not None:
                     values[key] = op
+            elif key == "after":
+                after = self._sync_time(option, stmt, sub)
+                if after is not None:
+                    values[key] = after
             else:
                 value = self._dim(option, sub)
                 if value is not None:
                     values[key] = Fraction(value)
         self._required(stmt, origin, text)
         return values
+
+    def _sync_time(self, option: ast.Option, stmt: ast.CollectiveStmt,
+                   origin: Origin) -> OptionValue | None:
+        """``after=last|each|K`` of a gradient statement (§4.5): a word or a microbatch
+        number of at least 1 (at most ``microbatches`` is checked with the plan)."""
+        if not isinstance(stmt.target, ast.GradRef):
+            self.collector.add(messages.at(
+                codes.UNKNOWN_OPTION, "'after=' times a gradient statement; this collective "
+                "runs on an activation, where its tensor is computed", origin,
+                help="remove 'after=...', or put the statement on grad(...)"))
+            return None
+        word = self.evaluator.word(option.value)
+        if word in vocab.SYNC_TIMES:
+            return word
+        if word is not None and word not in self.evaluator.names:
+            self._invalid_value("after", "last, each or a microbatch number", origin)
+            return None
+        value = self._dim(option, origin)
+        if value is None:
+            return None
+        if value < 1:
+            self._invalid_value("after", "last, each or a microbatch number of at least 1",
+                                origin)
+            return None
+        return Fraction(value)
 
     def _required(self, stmt: ast.CollectiveStmt, origin: Origin, text: str) -> None:
         given = {o.key.name for o in stmt.options}

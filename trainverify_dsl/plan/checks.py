@@ -16,6 +16,7 @@ from pathlib import Path
 from trainverify_dsl.plan import messages, vocab
 from trainverify_dsl.plan.model import (
     PIPELINE_AXIS,
+    Collective,
     GlobSeg,
     IndexSeg,
     Layout,
@@ -55,6 +56,7 @@ def check_plan(plan: Plan, collector: Collector, project_root: Path) -> None:
     collector.extend(recipe_problems(plan))
     collector.extend(find_pipeline_axis_misuse(plan))
     collector.extend(find_gradient_statement_kinds(plan))
+    collector.extend(find_sync_timing_problems(plan))
 
 
 # ---------------------------------------------------------------- statements with no meaning
@@ -93,6 +95,51 @@ def find_pipeline_axis_misuse(plan: Plan) -> list[Diagnostic]:
                        "(docs/semantics.md §5)"],
                 help="leave 'pp' out of the group: stages exchange values by the implied "
                      "transfers or `send`, gradients and ZeRO shards go over the data axes"))
+    return found
+
+
+def sync_time(collective: Collective, microbatches: int) -> str | int:
+    """When a gradient statement runs (§4.5): ``"last"``, ``"each"``, or the number ``k`` of
+    the microbatch after which it runs (``k == microbatches`` is ``"last"``)."""
+    after = dict(collective.options).get("after", "last")
+    if isinstance(after, Fraction):
+        return "last" if after >= microbatches else int(after)
+    return str(after)
+
+
+def find_sync_timing_problems(plan: Plan) -> list[Diagnostic]:
+    """``after=`` on gradient statements (§4.5): a microbatch that exists; a linear reduction
+    where contributions are reduced separately (``max`` of a sum is not the sum of maxes); a
+    reduce-scatter that leaves no contribution behind (a later one would have no block to
+    join)."""
+    found = []
+    grads = [c for c in plan.collectives if c.target.grad and c.kind in GRADIENT_KINDS]
+    timed = [c for c in grads if sync_time(c, plan.microbatches) != "last"]
+    for c in grads:
+        after = dict(c.options).get("after")
+        if isinstance(after, Fraction) and after > plan.microbatches:
+            found.append(messages.at(
+                codes.INVALID_OPTION_VALUE,
+                f"'after={after}' names microbatch {after} of {plan.microbatches}", c.origin,
+                help="name a microbatch from 1 to the microbatch count, or 'last'"))
+        elif isinstance(sync_time(c, plan.microbatches), int) and c.kind == "reduce-scatter":
+            found.append(messages.at(
+                codes.INVALID_OPTION_VALUE,
+                f"a reduce-scatter after microbatch {after} leaves later microbatches' "
+                "gradients with no block to join", c.origin,
+                notes=["after a reduce-scatter each rank holds its block of the gradient; "
+                       "the contributions of later microbatches are whole local gradients"],
+                help="use 'after=each' (every contribution reduce-scattered) or 'after=last'"))
+    if timed:
+        for c in grads:
+            if c.op in ("max", "min"):
+                found.append(messages.at(
+                    codes.INVALID_OPTION_VALUE,
+                    f"op={c.op} on gradients reduced microbatch by microbatch", c.origin,
+                    notes=[f"`{timed[0].kind} {timed[0].target}` runs before the last "
+                           "microbatch, so contributions are reduced separately; the "
+                           f"{c.op} of sums is not the sum of {c.op}es"],
+                    help="use op=sum or op=avg"))
     return found
 
 

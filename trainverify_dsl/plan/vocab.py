@@ -6,13 +6,17 @@ REDUCE_OPS = ("sum", "avg", "max", "min")
 
 #: Options each collective accepts; required ones are listed in ``REQUIRED_OPTIONS``.
 COLLECTIVE_OPTIONS: dict[str, tuple[str, ...]] = {
-    "all-reduce": ("op",),
+    "all-reduce": ("op", "after"),
     "all-gather": ("dim",),
-    "reduce-scatter": ("dim", "op"),
+    "reduce-scatter": ("dim", "op", "after"),
     "all-to-all": ("split-dim", "concat-dim"),
     "copy": (),
     "scatter": ("dim",),
 }
+
+#: When a gradient statement runs (``after=``, docs/semantics.md §4.5): after the last
+#: microbatch (the default), after every one, or after microbatch ``k`` (a number, 1-based).
+SYNC_TIMES = ("last", "each")
 
 REQUIRED_OPTIONS: dict[str, tuple[str, ...]] = {
     "all-reduce": (),

@@ -31,7 +31,9 @@ TIMEOUT = 120
 
 CORRECT = ["plans/mlp_tiny_dp.tvp", "plans/llama_tiny_tp.tvp", "plans/llama_tiny_sp.tvp",
            "plans/llama_tiny_cp.tvp", "plans/deepseek_tiny_ep.tvp", "plans/deepseek_tiny_pp.tvp",
-           "plans/deepseek_tiny_tp.tvp", "plans/mlp_dp_tp.tvp", "plans/mlp_tiny_zero.tvp"]
+           "plans/deepseek_tiny_tp.tvp", "plans/mlp_dp_tp.tvp", "plans/mlp_tiny_zero.tvp",
+           # gradient statements after every microbatch; clipping over the tp group
+           "plans/mlp_tiny_overlap.tvp", "plans/llama_tiny_clip.tvp"]
 #: bug plans checked in the fast run: gradient accumulation, a pipeline send, a collective's
 #: stated backward
 FAST_BUGS = ["plans/bugs/loss_not_scaled.tvp", "plans/bugs/send_wrong_stage.tvp",
@@ -47,8 +49,15 @@ FIRST_DIFFERENCE = {
 #: TVP412 a gradient block the sharded optimizer cannot consume)
 NOT_LOWERABLE = ["plans/bugs/allgather_instead_of_allreduce.tvp",
                  "plans/bugs/rope_not_offset.tvp", "plans/bugs/zero_reduce_scatter_order.tvp"]
+#: bug plans the oracle refuses before running, with the words of its reason: a plan `tvp
+#: lint` rejects
+REFUSED = {"plans/bugs/interleaved_without_virtual_stages.tvp": "the plan has errors"}
+#: bug plans whose effect on the compared tensors is small: a clip coefficient off by a fifth
+#: scales lr * grad, which is small next to the parameters it updates
+SMALL_EFFECT = {"plans/bugs/grad_norm_counts_tp_copies.tvp": 1e-7}
 ALL_BUGS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "plans" / "bugs").glob("*.tvp"))
-SLOW_BUGS = [p for p in ALL_BUGS if p not in FAST_BUGS and p not in NOT_LOWERABLE]
+SLOW_BUGS = [p for p in ALL_BUGS if p not in FAST_BUGS and p not in NOT_LOWERABLE
+             and p not in REFUSED]
 
 
 def _id(path: str) -> str:
@@ -120,7 +129,15 @@ def test_bug_plan_differs_slow(path: str, slow_bugs: dict[str, OracleResult]) ->
     result = slow_bugs[path]
     _assert_ran(result)
     assert not result.agrees, result.summary()
-    assert result.max_rel_error > 1e-3, result.summary()
+    assert result.max_rel_error > SMALL_EFFECT.get(path, 1e-3), result.summary()
+
+
+@pytest.mark.parametrize("path", sorted(REFUSED), ids=_id)
+def test_bug_plan_the_oracle_refuses(path: str) -> None:
+    from trainverify_dsl.api import SimulationSetupError
+
+    with pytest.raises((OracleError, SimulationSetupError), match=REFUSED[path]):
+        run_distributed(ROOT / path, timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("path", NOT_LOWERABLE, ids=_id)
@@ -134,8 +151,8 @@ def test_every_bug_plan_is_covered() -> None:
     """Every bug plan is in one list above, and all fit in 8 ranks."""
     from trainverify_dsl.api import resolve_plan
 
-    assert sorted(FAST_BUGS + SLOW_BUGS + NOT_LOWERABLE) == ALL_BUGS
-    for path in ALL_BUGS:
+    assert sorted(FAST_BUGS + SLOW_BUGS + NOT_LOWERABLE + list(REFUSED)) == ALL_BUGS
+    for path in [p for p in ALL_BUGS if p not in REFUSED]:
         mesh = resolve_plan(ROOT / path).mesh
         assert mesh is not None and mesh.total_devices <= 8
 

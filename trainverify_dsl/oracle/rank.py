@@ -31,6 +31,7 @@ from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout, append_axes, tak
 from trainverify_dsl.lower.lowering import Lowered, Slot
 from trainverify_dsl.oracle.comm import StageRunner, World, collective
 from trainverify_dsl.oracle.reference import STATES, make_optimizer, seed_states
+from trainverify_dsl.plan.checks import sync_time
 
 GRAD_KINDS = {"all-reduce": "all_reduce", "reduce-scatter": "reduce_scatter"}
 
@@ -104,6 +105,10 @@ class RankStep:
                 self.layouts[slot.spec] = slot.layout
         self.pending: list[Any] = []
         self.out = RankOutput()
+        #: with timed gradient statements: the reduced contributions so far, and the layout
+        #: the statements leave each gradient in
+        self.total: dict[str, Tensor] = {}
+        self.final: dict[str, TLayout] = dict(self.layouts)
 
     def peer(self, stage: int) -> int:
         return self.world.mesh.rank({**self.coords, "pp": stage})
@@ -196,14 +201,32 @@ class RankStep:
 
     # -- after the backward -------------------------------------------------------------
 
-    def finish(self) -> RankOutput:
-        for handle in self.pending:
-            handle.wait()
-        self.pending.clear()
-        grads = {p: (t.grad if t.grad is not None else torch.zeros_like(t)).detach()
-                 for p, t in self.params.items()}
+    def timed(self) -> bool:
+        """Whether a gradient statement runs before the last microbatch (Rule 4.4)."""
+        return any(sync_time(st, self.lw.plan.microbatches) != "last"
+                   for st, _ in self.lw.binding.grad_statements)
+
+    def sync_microbatch(self, m: int) -> None:
+        """With timed statements: microbatch ``m``'s gradient contributions through the
+        statements that run at or after it, added to the running total (Rule 4.4)."""
+        contribution = {p: (t.grad if t.grad is not None else torch.zeros_like(t)).detach()
+                        .clone() for p, t in self.params.items()}
+        for t in self.params.values():
+            t.grad = None
+        reduced, self.final = self._statements(contribution, m)
+        self.total = {p: self.total[p] + g if p in self.total else g
+                      for p, g in reduced.items()}
+
+    def _statements(self, grads: dict[str, Tensor], m: int | None
+                    ) -> tuple[dict[str, Tensor], dict[str, TLayout]]:
+        """The gradient statements on ``grads`` (all of them when ``m`` is ``None``, else
+        those that reduce microbatch ``m``'s contribution)."""
         final = dict(self.layouts)
+        microbatches = self.lw.plan.microbatches
         for statement, names in self.lw.binding.grad_statements:
+            time = sync_time(statement, microbatches)
+            if m is not None and isinstance(time, int) and m >= time:
+                continue
             kind = GRAD_KINDS.get(statement.kind)
             if kind is None:
                 raise OracleError(f"gradient statement `{statement.kind}` is not run by the "
@@ -221,11 +244,43 @@ class RankStep:
                         dims = list(final[p].dims)
                         dims[dim] = append_axes(dims[dim], axes)
                         final[p] = TLayout(tuple(dims))
+        return grads, final
+
+    def finish(self) -> RankOutput:
+        for handle in self.pending:
+            handle.wait()
+        self.pending.clear()
+        if self.timed():
+            grads, final = self.total, self.final
+        else:
+            grads = {p: (t.grad if t.grad is not None else torch.zeros_like(t)).detach()
+                     for p, t in self.params.items()}
+            grads, final = self._statements(grads, None)
         for p, g in grads.items():
             self.out.pieces[f"grad({p})"] = (g.numpy(), final[p])
+        if self.lw.plan.clip_grad_norm is not None:
+            grads = self._clip(grads, final)
         if self.lw.plan.optimizer is not None:
             self._optimizer_step(grads, final)
         return self.out
+
+    def _clip(self, grads: dict[str, Tensor], final: dict[str, TLayout]) -> dict[str, Tensor]:
+        """Megatron's ``clip_grad_norm_fp32`` (docs/semantics.md §6.3): squares of the
+        gradients this rank holds (a replicated copy only at coordinate 0 of each norm-group
+        axis that does not split it), summed over the norm group, then torch's coefficient."""
+        clip = self.lw.plan.clip_grad_norm
+        assert clip is not None
+        axes = clip_axes(self.lw)
+        total = torch.zeros((), dtype=torch.float64)
+        for p, g in grads.items():
+            split = {a for dim in final[p].dims for f in dim for a in f.axes}
+            if clip.replicas == "once" and any(
+                    self.coords[a] != 0 for a in axes if a not in split and a != "pp"):
+                continue
+            total = total + (g.double() ** 2).sum()
+        total = collective(self.world, total.reshape(1), "all_reduce", axes, "sum", 0, -1)[0]
+        coef = min(1.0, float(clip.max_norm) / (math.sqrt(float(total)) + 1e-6))
+        return {p: g * coef for p, g in grads.items()}
 
     def _optimizer_step(self, grads: dict[str, Tensor], final: dict[str, TLayout]) -> None:
         optimizer = self.lw.plan.optimizer
@@ -275,6 +330,13 @@ class RankStep:
         return t[k * rows:(k + 1) * rows].clone()
 
 
+def clip_axes(lowered: Lowered) -> tuple[str, ...]:
+    """The norm group of ``clip-grad-norm``: its ``over`` axes, else every mesh axis."""
+    clip = lowered.plan.clip_grad_norm
+    assert clip is not None
+    return tuple(clip.axes) or tuple(a for a, _ in lowered.mesh_axes)
+
+
 def _zero_layout(lay: TLayout, axes: tuple[str, ...]) -> TLayout:
     """Z(P): the parameter's layout with the ZeRO axes innermost on dimension 0 (Rule 6.1)."""
     return TLayout((append_axes(lay.dims[0], axes),) + lay.dims[1:])
@@ -299,8 +361,11 @@ def run_rank(lowered: Lowered, values: Mapping[str, np.ndarray], world: World,
     elif collectives != "torch":
         raise ValueError(f"collectives must be 'torch' or 'project', not {collectives!r}")
     step = RankStep(lowered, values, world, seed, comm)
+    timed = step.timed()
     for m in range(lowered.sizes[MICROBATCH_AXIS]):
         step.microbatch(m)
+        if timed:
+            step.sync_microbatch(m)
     return step.finish()
 
 
@@ -313,6 +378,8 @@ def axes_lists(lowered: Lowered) -> set[tuple[str, ...]]:
     for stage in lowered.stages:
         found |= program_axes(stage.gm)
     found |= {tuple(st.axes) for st, _ in lowered.binding.grad_statements}
+    if lowered.plan.clip_grad_norm is not None:
+        found.add(clip_axes(lowered))
     if lowered.plan.optimizer and lowered.plan.optimizer.shard_axes:
         found.add(tuple(lowered.plan.optimizer.shard_axes))
     return found

@@ -101,6 +101,9 @@ def reference_step(model: torch.nn.Module, values: Mapping[str, np.ndarray],
         p.grad = grad
         out[f"grad({name})"] = grad.numpy().copy()
     if optimizer is not None:
+        if optimizer.clip is not None:  # the recipe's clip_grad_norm_ (docs/semantics.md §6.3)
+            torch.nn.utils.clip_grad_norm_(list(named.values()), float(optimizer.clip),
+                                           foreach=False)
         opt = make_optimizer(named.values(), optimizer)
         kinds = STATES[optimizer.kind]
         seed_states(opt, {p: {k: torch.from_numpy(values[f"{k}({n})"]) for k in kinds}

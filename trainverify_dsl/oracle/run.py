@@ -31,7 +31,7 @@ import numpy as np
 from trainverify_dsl.oracle.mesh import Mesh
 from trainverify_dsl.oracle.rank import OracleError
 from trainverify_dsl.oracle.worker import RankJob, rank_main, rel_error
-from trainverify_dsl.plan.checks import INTERLEAVED, sync_time
+from trainverify_dsl.plan.checks import INTERLEAVED
 
 #: The largest mesh the oracle runs (one process per rank on this machine).
 MAX_RANKS = 8
@@ -103,12 +103,6 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float) -> RankJob:
         raise OracleError(f"{path}: the mesh has {world} ranks; the distributed oracle runs "
                           f"one process per rank and takes at most {MAX_RANKS} (use `tvp "
                           "simulate` for larger meshes)")
-    if plan.clip_grad_norm is not None:
-        raise OracleError(f"{path}: `clip-grad-norm` is not run by the oracle")
-    if any(c.target.grad and sync_time(c, plan.microbatches) != "last"
-           for c in plan.collectives):
-        raise OracleError(f"{path}: the oracle runs gradient statements after the last "
-                          "microbatch; `after=` timing is not run by it (use `tvp simulate`)")
     if plan.schedule == INTERLEAVED:
         raise OracleError(f"{path}: the oracle runs one stage per pp rank; virtual stages "
                           "(`schedule interleaved-1f1b`) are not run by it (use `tvp "

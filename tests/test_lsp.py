@@ -296,6 +296,27 @@ def test_an_editing_session(start, tmp_path: Path) -> None:
     assert plan.read_text() == ON_DISK  # formatting edits, never writes
 
 
+def test_positions_in_the_encoding_the_editor_asks_for(start, tmp_path: Path) -> None:
+    (tmp_path / "frag.tvp").write_text(FRAGMENT)
+    (tmp_path / "plan.tvp").write_text(ON_DISK)
+    uri = from_fs_path(str(tmp_path / "plan.tvp"))
+    client = start()
+    result = client.request("initialize", {
+        "processId": None, "rootUri": None,
+        "capabilities": {"general": {"positionEncodings": ["utf-8", "utf-16"]}}})
+    assert result["capabilities"]["positionEncoding"] == "utf-8"
+    client.notify("initialized", {})
+    open_document(client, uri, BUFFER)
+    first = client.diagnostics(uri)[0]
+    # `use "` 5 bytes, `ünï😋` 2 + 1 + 2 + 4, `.tvp" ` 6: `extra` is bytes 20 to 25
+    assert (first["code"], first["range"]) == ("TVP101", span(5, 20, 5, 25))
+    hover = client.request("textDocument/hover", at(uri, 5, 22))
+    assert hover["range"] == span(5, 20, 5, 25)
+    assert client.request("shutdown") is None
+    client.notify("exit")
+    assert client.finish() == 0
+
+
 # ---------------------------------------------------------------- failures stay contained
 
 CRASHING_SERVER = textwrap.dedent("""\

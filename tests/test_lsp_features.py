@@ -254,8 +254,11 @@ def test_the_keyword_table_is_the_grammar_s_and_the_reference_s() -> None:
 
 
 def test_definition_of_a_template_in_the_buffer_itself() -> None:
-    text = "template t(x):\n    split x [dp, -]\n\napply t(tokens)\napply nope(x)\n"
+    text = ("template t(x):\n    split x [dp, -]\n\napply t(tokens)\napply nope(x)\n\n"
+            "for l in layers:\n    apply t(l.attention.wq)\n")
     analysis = analysis_of(text)
+    in_loop = features.definition(analysis, DocumentLines.of(text), at(7, 10))
+    assert in_loop is not None and in_loop.range.start == types.Position(line=0, character=9)
     location = features.definition(analysis, DocumentLines.of(text), at(3, 7))
     assert location is not None and location.uri == analysis.uri
     assert location.range == types.Range(types.Position(line=0, character=9),

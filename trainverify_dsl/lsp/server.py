@@ -3,8 +3,10 @@
 Documents are synchronised in full (the editor sends the whole text on every change: plans
 are small, and pygls' incremental updates split lines where the protocol does not). Each
 open document's text has one ``Analysis``; diagnostics are published when it is opened,
-changed and closed (an empty list, which clears them), and for every open document when any
-document is saved (a saved fragment changes what the plans using it resolve to).
+changed (once the editor has been quiet for ``CHANGE_DELAY``, so a burst of keystrokes in a
+long plan is linted once, not once per key) and closed (an empty list, which clears them),
+and for every open document when any document is saved (a saved fragment changes what the
+plans using it resolve to).
 
 A handler never takes the server down: an exception becomes a ``window/logMessage`` of type
 Error (with the traceback, also written to stderr) and an empty result (no hover, no edits,
@@ -17,6 +19,7 @@ or sent ``exit`` without ``shutdown``.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import traceback
@@ -34,6 +37,8 @@ from trainverify_dsl.lsp.positions import UTF16, DocumentLines, Position
 
 logger = logging.getLogger(__name__)
 NAME = "tvp"
+#: Seconds without a further change before a changed document is linted again.
+CHANGE_DELAY = 0.2
 Handler = TypeVar("Handler", bound=Callable[..., Any])
 
 
@@ -42,6 +47,8 @@ class TvpLanguageServer(LanguageServer):
         super().__init__(NAME, trainverify_dsl.__version__,
                          text_document_sync_kind=types.TextDocumentSyncKind.Full)
         self.analyses: dict[str, Analysis] = {}
+        #: documents changed and not yet linted again: the timer that will
+        self.pending: dict[str, asyncio.TimerHandle] = {}
         self.shutdown_requested = False
 
     # ------------------------------------------------------------ documents
@@ -71,7 +78,27 @@ class TvpLanguageServer(LanguageServer):
         formats = document.hover.content_format if document and document.hover else None
         return types.MarkupKind.Markdown in (formats or ())
 
+    def publish_soon(self, uri: str) -> None:
+        """``publish`` after ``CHANGE_DELAY`` unless the document changes again first."""
+        self.cancel_pending(uri)
+        self.pending[uri] = asyncio.get_running_loop().call_later(
+            CHANGE_DELAY, self._publish_pending, uri)
+
+    def cancel_pending(self, uri: str) -> None:
+        timer = self.pending.pop(uri, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _publish_pending(self, uri: str) -> None:
+        self.pending.pop(uri, None)
+        try:
+            if uri in self.workspace.text_documents:
+                self.publish(uri)
+        except Exception as error:
+            self.log_internal_error("updating a document", error)
+
     def publish(self, uri: str) -> None:
+        self.cancel_pending(uri)
         analysis = self.analysis(uri)
         try:
             found = features.diagnostics(analysis, self.lines(analysis))
@@ -146,7 +173,7 @@ def register_features(server: TvpLanguageServer) -> None:
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     @server.guarded("updating a document", lambda: None)
     def did_change(params: types.DidChangeTextDocumentParams) -> None:
-        server.publish(params.text_document.uri)
+        server.publish_soon(params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
     @server.guarded("re-linting after a save", lambda: None)
@@ -158,6 +185,7 @@ def register_features(server: TvpLanguageServer) -> None:
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     @server.guarded("closing a document", lambda: None)
     def did_close(params: types.DidCloseTextDocumentParams) -> None:
+        server.cancel_pending(params.text_document.uri)
         server.analyses.pop(params.text_document.uri, None)
         server.publish_list(params.text_document.uri, [])
 

@@ -222,6 +222,8 @@ FIXED = textwrap.dedent("""\
 
 
 def test_an_editing_session(start, tmp_path: Path) -> None:
+    tmp_path = tmp_path / "my plans é"  # the URIs are percent-encoded
+    tmp_path.mkdir()
     (tmp_path / "frag.tvp").write_text(FRAGMENT)
     plan = tmp_path / "plan.tvp"
     plan.write_text(ON_DISK)  # the server must lint the buffer, not this
@@ -285,6 +287,14 @@ def test_an_editing_session(start, tmp_path: Path) -> None:
     assert client.request("textDocument/formatting", {"textDocument": {"uri": uri},
                                                       "options": {"tabSize": 4,
                                                                   "insertSpaces": True}}) == []
+
+    # a saved fragment: every open plan is linted again against it
+    (tmp_path / "frag.tvp").write_text("# emptied\n")
+    client.notify("textDocument/didSave",
+                  {"textDocument": {"uri": from_fs_path(str(tmp_path / "frag.tvp"))}})
+    saved = [d["code"] for d in client.diagnostics(uri)]
+    assert saved == [d.code.id for d in lint_source(broken, plan)]
+    assert lookup("unknown-template").id in saved  # `apply my_split` lost its template
 
     client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
     assert client.diagnostics(uri) == []

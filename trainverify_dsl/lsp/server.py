@@ -6,7 +6,9 @@ open document's text has one ``Analysis``; diagnostics are published when it is 
 changed (once the editor has been quiet for ``CHANGE_DELAY``, so a burst of keystrokes in a
 long plan is linted once, not once per key) and closed (an empty list, which clears them),
 and for every open document when any document is saved (a saved fragment changes what the
-plans using it resolve to).
+plans using it resolve to). Requests are answered for open documents only: the server never
+reads a document from disk on request (the files a plan ``use``s it reads as ``tvp lint``
+does).
 
 A handler never takes the server down: an exception becomes a ``window/logMessage`` of type
 Error (with the traceback, also written to stderr) and an empty result (no hover, no edits,
@@ -46,6 +48,7 @@ class TvpLanguageServer(LanguageServer):
     def __init__(self) -> None:
         super().__init__(NAME, trainverify_dsl.__version__,
                          text_document_sync_kind=types.TextDocumentSyncKind.Full)
+        #: the open documents (by the URI the editor gave): the analysis of their text
         self.analyses: dict[str, Analysis] = {}
         #: documents changed and not yet linted again: the timer that will
         self.pending: dict[str, asyncio.TimerHandle] = {}
@@ -53,16 +56,15 @@ class TvpLanguageServer(LanguageServer):
 
     # ------------------------------------------------------------ documents
 
-    def analysis(self, uri: str) -> Analysis:
-        """The analysis of the document's current text (opened, or read from disk)."""
-        document = self.workspace.get_text_document(uri)
-        known = self.analyses.get(uri)
-        if known is not None and known.text == document.source:
-            return known
-        analysis = Analysis(uri, to_fs_path(uri) or uri, document.source)
-        if uri in self.workspace.text_documents:
-            self.analyses[uri] = analysis
-        return analysis
+    def update(self, uri: str) -> None:
+        """A new analysis of the open document's current text (pygls keeps the text)."""
+        text = self.workspace.get_text_document(uri).source
+        self.analyses[uri] = Analysis(uri, to_fs_path(uri) or uri, text)
+
+    def analysis(self, uri: str) -> Analysis | None:
+        """The open document's analysis; ``None`` for a document the editor has not opened
+        (requests are answered for open documents only: nothing is read on request)."""
+        return self.analyses.get(uri)
 
     def lines(self, analysis: Analysis) -> DocumentLines:
         return DocumentLines.of(analysis.text, self.encoding)
@@ -92,14 +94,15 @@ class TvpLanguageServer(LanguageServer):
     def _publish_pending(self, uri: str) -> None:
         self.pending.pop(uri, None)
         try:
-            if uri in self.workspace.text_documents:
-                self.publish(uri)
+            self.publish(uri)
         except Exception as error:
             self.log_internal_error("updating a document", error)
 
     def publish(self, uri: str) -> None:
         self.cancel_pending(uri)
         analysis = self.analysis(uri)
+        if analysis is None:
+            return
         try:
             found = features.diagnostics(analysis, self.lines(analysis))
         except Exception as error:  # a linter bug: say so, never show a clean file
@@ -168,18 +171,20 @@ def register_features(server: TvpLanguageServer) -> None:
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     @server.guarded("opening a document", lambda: None)
     def did_open(params: types.DidOpenTextDocumentParams) -> None:
+        server.update(params.text_document.uri)
         server.publish(params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     @server.guarded("updating a document", lambda: None)
     def did_change(params: types.DidChangeTextDocumentParams) -> None:
+        server.update(params.text_document.uri)
         server.publish_soon(params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
     @server.guarded("re-linting after a save", lambda: None)
     def did_save(params: types.DidSaveTextDocumentParams) -> None:
-        server.analyses.clear()  # a saved fragment changes what the others resolve to
-        for uri in list(server.workspace.text_documents):
+        for uri in list(server.analyses):  # a saved fragment changes what the others use
+            server.update(uri)
             server.publish(uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
@@ -193,12 +198,16 @@ def register_features(server: TvpLanguageServer) -> None:
     @server.guarded("formatting", list)
     def formatting(params: types.DocumentFormattingParams) -> list[types.TextEdit]:
         analysis = server.analysis(params.text_document.uri)
+        if analysis is None:
+            return []
         return features.formatting_edits(analysis, server.lines(analysis))
 
     @server.feature(types.TEXT_DOCUMENT_HOVER)
     @server.guarded("answering a hover", lambda: None)
     def hover(params: types.HoverParams) -> types.Hover | None:
         analysis = server.analysis(params.text_document.uri)
+        if analysis is None:
+            return None
         return features.hover(analysis, server.lines(analysis), _position(params.position),
                               markdown=server.markdown)
 
@@ -206,6 +215,8 @@ def register_features(server: TvpLanguageServer) -> None:
     @server.guarded("finding a definition", lambda: None)
     def definition(params: types.DefinitionParams) -> types.Location | None:
         analysis = server.analysis(params.text_document.uri)
+        if analysis is None:
+            return None
         return features.definition(analysis, server.lines(analysis), _position(params.position))
 
     @server.feature(types.SHUTDOWN)

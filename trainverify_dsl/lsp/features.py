@@ -66,7 +66,8 @@ def _diagnostic(analysis: Analysis, lines: DocumentLines, found: Diagnostic,
     span, moved = document_span(analysis, found)
     message = "\n".join([found.message, *(f"note: {n}" for n in found.notes),
                          *([f"help: {found.help}"] if found.help else [])])
-    related = [_related(analysis, lines, where, text, files) for where, text in found.related]
+    related = [_related(analysis, lines, where, text, files) for where, text in found.related
+               if where.file != NO_SPAN.file]
     if moved:
         message = f"{found.span}: {message}"
         related.insert(0, _related(analysis, lines, found.span, "the problem is here", files))

@@ -111,19 +111,19 @@ class TvpLanguageServer(LanguageServer):
         self.publish_list(uri, found)
 
     def publish_list(self, uri: str, found: list[types.Diagnostic]) -> None:
+        version = self.workspace.get_text_document(uri).version if uri in self.analyses else None
         self.text_document_publish_diagnostics(
-            types.PublishDiagnosticsParams(uri=uri, diagnostics=found))
+            types.PublishDiagnosticsParams(uri=uri, diagnostics=found, version=version))
 
     # ------------------------------------------------------------ errors
 
     def log_internal_error(self, what: str, error: BaseException) -> None:
+        summary = f"internal error while {what}: {type(error).__name__}: {error}"
         detail = "".join(traceback.format_exception(error)).rstrip()
-        message = (f"tvp lsp: internal error while {what}: {type(error).__name__}: {error}"
-                   f"\n{detail}")
-        logger.error("%s", message)
+        logger.error("%s\n%s", summary, detail)
         try:
-            self.window_log_message(
-                types.LogMessageParams(type=types.MessageType.Error, message=message))
+            self.window_log_message(types.LogMessageParams(
+                type=types.MessageType.Error, message=f"tvp lsp: {summary}\n{detail}"))
         except Exception:  # noqa: BLE001 - the log on stderr above is all that is left
             logger.exception("tvp lsp: cannot send the log message")
 

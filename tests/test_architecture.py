@@ -30,6 +30,8 @@ FORBIDDEN = {
     "parse": {"plan", "lower", "simulate", "check", "spec", "api", "shrink", "cli", "oracle"},
     "api": {"cli", "oracle"},
     "shrink": {"cli", "oracle", "check", "simulate", "api"},
+    # the language server reads what `tvp lint` reads, never torch's stages nor the commands
+    "lsp": {"spec", "lower", "simulate", "check", "api", "shrink", "cli", "oracle"},
 }
 
 
@@ -93,6 +95,17 @@ def test_only_the_solver_module_imports_z3_and_the_checker_no_torch() -> None:
     torch_in_check = [str(p.relative_to(PACKAGE)) for p in MODULES
                       if _part(p) == "check" and "torch" in _third_party(p)]
     assert torch_in_check == []
+
+
+def test_only_the_language_server_imports_pygls() -> None:
+    """``tvp lint`` and every other command run without pygls (an optional dependency):
+    only ``lsp/`` imports it, and ``cli/lsp_cmd.py`` loads ``lsp/`` when the command runs."""
+    users = sorted(str(p.relative_to(PACKAGE)) for p in MODULES
+                   if _third_party(p) & {"pygls", "lsprotocol"})
+    assert users and all(user.startswith("lsp/") for user in users), users
+    importers = sorted(str(p.relative_to(PACKAGE)) for p in MODULES
+                       if _part(p) != "lsp" and any(n == "lsp" for _, n in _imports(p)))
+    assert importers == ["cli/lsp_cmd.py"]
 
 
 def test_a_wrong_import_is_seen(tmp_path: Path) -> None:

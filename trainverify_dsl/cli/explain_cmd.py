@@ -4,7 +4,8 @@
 entry prints: header ``TVP203 unknown-mesh-axis (error)``, the summary, then the sections
 "What it does", "Why is this bad", "Example", "Use instead". An unknown code prints
 ``did you mean`` suggestions on stderr and exits 2. ``--list`` prints one aligned row per
-code: id, name, severity, summary.
+code: id, name, severity, summary. The entry's text is built by ``report/render/explain.py``
+(an editor's hover shows the same text, ``trainverify_dsl.lsp``).
 """
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
-import textwrap
 from collections.abc import Sequence
 
 from trainverify_dsl.report.diagnostics import Code
+from trainverify_dsl.report.render.explain import WRAP as WRAP
+from trainverify_dsl.report.render.explain import explain
 
 EXIT_OK = 0
 EXIT_USAGE = 2
-WRAP = 88
-INDENT = "    "
 CUTOFF = 0.6
 TIE_MARGIN = 0.05
 
@@ -76,32 +76,6 @@ def unknown_code_message(key: str, codes: Sequence[Code]) -> str:
     if close:
         message += "; did you mean " + " or ".join(f"{c.id} ({c.name})" for c in close) + "?"
     return message + "\n(tvp explain --list shows every code)"
-
-
-def explain(code: Code) -> str:
-    sections = [
-        f"{code.id} {code.name} ({code.severity.value})",
-        code.summary,
-        _section("What it does", _wrap(code.what)),
-        _section("Why is this bad", _wrap(code.why)),
-        _section("Example", _snippet(code.example)),
-        _section("Use instead", _snippet(code.fix)),
-    ]
-    return "\n\n".join(s for s in sections if s) + "\n"
-
-
-def _section(title: str, body: str) -> str:
-    return f"{title}\n{body}"
-
-
-def _wrap(text: str) -> str:
-    paragraphs = [p for p in text.strip().split("\n\n") if p.strip()]
-    return "\n\n".join(textwrap.fill(" ".join(p.split()), WRAP, initial_indent=INDENT,
-                                     subsequent_indent=INDENT) for p in paragraphs)
-
-
-def _snippet(text: str) -> str:
-    return textwrap.indent(text.strip("\n"), INDENT)
 
 
 def code_table(codes: Sequence[Code]) -> str:

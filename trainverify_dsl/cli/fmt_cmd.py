@@ -187,6 +187,7 @@ def format_stdin(options: FormatOptions) -> Outcome:
 def format_text(text: str, file: str) -> str | None:
     """The canonical text, or ``None`` after saying on stderr why there is none."""
     from trainverify_dsl.parse import format_source
+    from trainverify_dsl.parse.format import same_meaning
 
     result = format_source(text, file)
     if result.text is None:
@@ -200,17 +201,6 @@ def format_text(text: str, file: str) -> str | None:
               "left unchanged (please report this plan)", file=sys.stderr)
         return None
     return result.text
-
-
-def same_meaning(original: str, formatted: str, file: str) -> bool:
-    """Both texts parse to the same AST, spans and comments aside (black's safety check)."""
-    from trainverify_dsl.parse import parse_source
-    from trainverify_dsl.parse.ast import strip_spans
-
-    before, after = parse_source(original, file), parse_source(formatted, file)
-    if after.diagnostics or before.plan_file is None or after.plan_file is None:
-        return False
-    return bool(strip_spans(before.plan_file) == strip_spans(after.plan_file))
 
 
 def unified_diff(original: str, formatted: str, file: str) -> str:

@@ -20,6 +20,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "lint": ("lint_cmd", "check plans without torch or a solver (syntax, names, layouts)"),
     "fmt": ("fmt_cmd", "format plans canonically (keeps comments)"),
     "explain": ("explain_cmd", "explain a diagnostic code: what, why, example, fix"),
+    "lsp": ("lsp_cmd", "language server for editors on stdio (diagnostics, format, hover, "
+            "definition)"),
     "spec": ("spec_cmd", "trace a model into the spec IR and summarise it"),
     "simulate": ("simulate_cmd", "run the lowered plan on every rank and compare with the spec"),
     "check": ("check_cmd", "prove that the plan computes the spec's training step"),

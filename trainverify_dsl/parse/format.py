@@ -50,6 +50,15 @@ def format_source(text: str, file: str = "<string>") -> FormatResult:
     return FormatResult(format_plan(result.plan_file), result.diagnostics)
 
 
+def same_meaning(original: str, formatted: str, file: str) -> bool:
+    """Both texts parse to the same AST, spans and comments aside (black's safety check):
+    ``tvp fmt`` and the editor's formatting refuse a result for which this is false."""
+    before, after = parse_source(original, file), parse_source(formatted, file)
+    if after.diagnostics or before.plan_file is None or after.plan_file is None:
+        return False
+    return bool(ast.strip_spans(before.plan_file) == ast.strip_spans(after.plan_file))
+
+
 def format_plan(plan_file: ast.PlanFile) -> str:
     printer = _Printer(plan_file)
     printer.block(plan_file.statements, 0)

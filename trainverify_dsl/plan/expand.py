@@ -17,6 +17,7 @@ from trainverify_dsl.plan import messages, substitute
 from trainverify_dsl.plan.model import ExpansionSite, Origin
 from trainverify_dsl.report import codes_plan as codes
 from trainverify_dsl.report.diagnostics import Collector, Diagnostic
+from trainverify_dsl.report.span import Span
 
 #: Reads and parses one file: (AST or None, diagnostics). The resolver reports missing files
 #: itself, so a loader is only called on existing files.
@@ -64,6 +65,9 @@ class Expansion:
     leaves: list[Leaf] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     templates: dict[str, Template] = field(default_factory=dict)
+    #: The file each ``use`` statement names (its span -> the resolved path), for every
+    #: ``use`` that names an existing file inside the roots, included before or not.
+    used_files: dict[Span, Path] = field(default_factory=dict)
     #: Set when a limit stopped the walk: the leaves are then incomplete.
     truncated: bool = False
 
@@ -244,6 +248,7 @@ class Expander:
         if found is None:
             return
         key, display = found
+        self.result.used_files[stmt.span] = key
         chain = [f for f in self.stack if f.file_key is not None]
         if any(f.file_key == key for f in chain):
             names = [str(f.file_key) for f in chain] + [str(key)]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import trainverify_dsl
-from trainverify_dsl.parse import ast, parse_file
+from trainverify_dsl.parse import ast, parse_file, parse_source
 from trainverify_dsl.plan import messages
 from trainverify_dsl.plan.build import Builder
 from trainverify_dsl.plan.checks import check_plan
@@ -84,6 +84,20 @@ def resolve_file(path: str | Path, *, project_root: Path = trainverify_dsl.PROJE
         return ResolveResult(None, (unreadable(display),))
     else:
         plan_file, diagnostics = loader(Path(path).resolve(), display)
+    return _resolve_parsed(plan_file, diagnostics, project_root, loader)
+
+
+def resolve_source(text: str, path: str | Path, *,
+                   project_root: Path = trainverify_dsl.PROJECT_ROOT) -> ResolveResult:
+    """``resolve_file`` for text that is not (yet) the file's content on disk, such as an
+    editor's unsaved buffer: ``path`` names it in spans and places it (``use`` paths are
+    relative to its folder when it exists on disk); the files it ``use``s are read from disk."""
+    parsed = parse_source(text, str(path))
+    return _resolve_parsed(parsed.plan_file, tuple(parsed.diagnostics), project_root, None)
+
+
+def _resolve_parsed(plan_file: ast.PlanFile | None, diagnostics: tuple[Diagnostic, ...],
+                    project_root: Path, loader: Loader | None) -> ResolveResult:
     if plan_file is None:
         return ResolveResult(None, _sorted_list(diagnostics))
     result = resolve_plan_file(plan_file, project_root=project_root, loader=loader)

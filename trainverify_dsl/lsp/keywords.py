@@ -19,7 +19,8 @@ STATEMENTS: dict[str, tuple[str, str]] = {
              "global batch size and the sequence length."),
     "spec-optimizer": ("spec-optimizer KIND KEY=VALUE...",
                        "The reference step's optimizer: the single-device training script's "
-                       "torch.optim recipe, which the plan's `optimizer` is checked against."),
+                       "torch.optim recipe, which the plan's `optimizer` is checked against; "
+                       "`clip-grad-norm=X` when the script clips."),
     "mesh": ("mesh AXIS=SIZE, ...",
              "Named mesh axes, outermost first; global ranks are row-major over the axes."),
     "microbatches": ("microbatches N [schedule S]",
@@ -60,13 +61,14 @@ STATEMENTS: dict[str, tuple[str, str]] = {
              "transfers need no statement."),
     "pipeline-stage": ("pipeline-stage N: M, M, ...",
                        "Assigns spec modules to pp rank N. Stages are numbered 0 .. pp-1, must "
-                       "not overlap and must cover the module list in order."),
+                       "not overlap and must cover the module list in order; with "
+                       "interleaved-1f1b a stage lists its layer chunks (virtual stages)."),
     "optimizer": ("optimizer sgd|adam|adamw KEY=VALUE... [shard over AXES]",
                   "The plan's implementation of the step, checked against `spec-optimizer`; "
                   "`shard over` is ZeRO-1."),
-    "clip-grad-norm": ("clip-grad-norm X [over AXES]",
-                       "Clip gradients by their global norm (summed over the axes; no axes: "
-                       "every mesh axis)."),
+    "clip-grad-norm": ("clip-grad-norm X [over AXES] [replicas=once|each]",
+                       "Clip gradients by their norm: squares summed over the axes (no axes: "
+                       "every mesh axis), replicated copies counted once by default."),
     "algorithm": ("algorithm NAME for T, ... [over AXES]",
                   "Selects a parallel algorithm whose local program is not \"the same op on "
                   "local pieces\"; checked like everything else, never trusted."),

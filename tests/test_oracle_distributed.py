@@ -33,7 +33,9 @@ CORRECT = ["plans/mlp_tiny_dp.tvp", "plans/llama_tiny_tp.tvp", "plans/llama_tiny
            "plans/llama_tiny_cp.tvp", "plans/deepseek_tiny_ep.tvp", "plans/deepseek_tiny_pp.tvp",
            "plans/deepseek_tiny_tp.tvp", "plans/mlp_dp_tp.tvp", "plans/mlp_tiny_zero.tvp",
            # gradient statements after every microbatch; clipping over the tp group
-           "plans/mlp_tiny_overlap.tvp", "plans/llama_tiny_clip.tvp"]
+           "plans/mlp_tiny_overlap.tvp", "plans/llama_tiny_clip.tvp",
+           # a label-smoothed loss through the vocab-parallel cross-entropy
+           "plans/llama_tiny_smoothing.tvp"]
 #: bug plans checked in the fast run: gradient accumulation, a pipeline send, a collective's
 #: stated backward
 FAST_BUGS = ["plans/bugs/loss_not_scaled.tvp", "plans/bugs/send_wrong_stage.tvp",

@@ -185,11 +185,17 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(batch, seq, heads * dim)
 
 
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over all positions (no ignore index)."""
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor,
+            label_smoothing: float = 0.0) -> torch.Tensor:
+    """Mean next-token cross-entropy over all positions (no ignore index); with
+    ``label_smoothing`` ε, torch's ``F.cross_entropy(..., label_smoothing=ε)``: each position's
+    loss is ``(1 - ε) * nll + ε * mean over the vocabulary of -log p``."""
     log_probs = torch.log_softmax(logits, dim=-1)
     picked = torch.gather(log_probs, -1, labels.unsqueeze(-1)).squeeze(-1)
-    return -picked.mean()
+    if not label_smoothing:
+        return -picked.mean()
+    smooth = -log_probs.mean(dim=-1)
+    return ((1.0 - label_smoothing) * -picked + label_smoothing * smooth).mean()
 
 
 class RopeDecoderLM(nn.Module):
@@ -216,4 +222,4 @@ class RopeDecoderLM(nn.Module):
         return self.output(self.norm(h))
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return lm_loss(self.logits(tokens), labels)
+        return lm_loss(self.logits(tokens), labels, self.config.label_smoothing)

@@ -53,6 +53,8 @@ class DeepSeekConfig:
     max_seq_len: int
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
+    #: the loss's label smoothing (torch's ``cross_entropy(label_smoothing=...)``)
+    label_smoothing: float = 0.0
 
     def __post_init__(self) -> None:
         problems = self.problems()

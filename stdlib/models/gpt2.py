@@ -30,6 +30,8 @@ class GPT2Config:
     ffn_hidden: int
     max_seq_len: int
     norm_eps: float = 1e-5
+    #: the loss's label smoothing (torch's ``cross_entropy(label_smoothing=...)``)
+    label_smoothing: float = 0.0
 
     def __post_init__(self) -> None:
         if self.hidden % self.n_heads:
@@ -105,4 +107,4 @@ class GPT2(nn.Module):
         return self.output(self.norm(h))
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return lm_loss(self.logits(tokens), labels)
+        return lm_loss(self.logits(tokens), labels, self.config.label_smoothing)

@@ -39,6 +39,8 @@ class LlamaConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_seq_len: int = 8192
+    #: the loss's label smoothing (torch's ``cross_entropy(label_smoothing=...)``)
+    label_smoothing: float = 0.0
 
     def __post_init__(self) -> None:
         if self.hidden % self.n_heads:

@@ -59,8 +59,12 @@ def vocab_parallel_embedding(weight: torch.Tensor, ids: torch.Tensor,
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, k: torch.Tensor,
-                                 axes: tuple[str, ...], n: int) -> torch.Tensor:
-    """Mean cross-entropy of ``logits [..., W]`` (this rank's vocabulary block) and labels."""
+                                 axes: tuple[str, ...], n: int, smoothing: float = 0.0,
+                                 partition: bool = False) -> torch.Tensor:
+    """Mean cross-entropy of ``logits [..., W]`` (this rank's vocabulary block) and labels;
+    with label ``smoothing`` ε each position adds ε times (the log-sum-exp minus the mean
+    logit), the mean over the whole vocabulary (an all-reduce of the logits' sums), or over
+    this rank's block alone with ``partition`` (the per-partition bug, §7.2)."""
     width = logits.shape[-1]
     top = _coll(logits.detach().amax(dim=-1, keepdim=True), "all_reduce", axes, n, "max")
     top = top.detach()
@@ -71,7 +75,14 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, k: 
     picked = torch.gather(logits, -1, local.unsqueeze(-1))
     picked = torch.where(inside.unsqueeze(-1), picked, torch.zeros_like(picked))
     target = _coll(picked, "all_reduce", axes, n)
-    return (torch.log(total) + top - target).mean()
+    if not smoothing:
+        return (torch.log(total) + top - target).mean()
+    if partition:
+        mean_logit = logits.sum(dim=-1, keepdim=True) / width
+    else:
+        mean_logit = _coll(logits.sum(dim=-1, keepdim=True), "all_reduce", axes, n) / (width * n)
+    return (torch.log(total) + top - (1.0 - smoothing) * target
+            - smoothing * mean_logit).mean()
 
 
 def expert_parallel(x: torch.Tensor, weights: torch.Tensor, w1: torch.Tensor,
@@ -155,6 +166,8 @@ class Site:
     axes: tuple[str, ...]
     #: the ``algorithm`` statement's plan origin
     origin: Any
+    #: its ``KEY=VALUE`` options (``plan.vocab.ALGORITHM_OPTIONS``)
+    options: tuple[tuple[str, Any], ...] = ()
 
 
 Lower = Callable[[Context, Site], tuple[torch.fx.Node, TLayout]]
@@ -350,9 +363,14 @@ def _lower_vocab_cross_entropy(cx: Context, site: Site) -> tuple[torch.fx.Node, 
             if blamed else ()))
     k, n = cx.group(site.axes)
     axes = site.axes
+    # the spec model's label smoothing (its config's `label_smoothing`, as the reference
+    # models pass it to the loss); the algorithm must compute that same loss
+    smoothing = float(getattr(getattr(cx.submodule(""), "config", None), "label_smoothing", 0.0)
+                      or 0.0)
+    partition = dict(site.options).get("smoothing") == "partition"
 
     def run(z: torch.Tensor, y: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(z, y, k, axes, n)
+        return vocab_parallel_cross_entropy(z, y, k, axes, n, smoothing, partition)
 
     out = inline(cx, run, [cx.local(logits_mark), cx.local(labels), k])
     label_lay = cx.layout(labels)

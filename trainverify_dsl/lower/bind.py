@@ -177,6 +177,9 @@ class Binding:
         claims = self.claims.get("loss")
         if claims:
             return claims[-1].span
+        for algorithm, paths in self.algorithms:  # the statement that computes the loss
+            if "loss" in paths:
+                return algorithm.origin.report_span
         stage = self.loss_stage()
         if self.stage_members and stage is not None:
             return self.stage_span(stage)

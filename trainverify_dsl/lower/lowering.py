@@ -111,7 +111,7 @@ class _AlgorithmContext:
         return self._lw.loss_region
 
     def sites(self) -> list[algorithms.Site]:
-        return [algorithms.Site(alg.name, path, alg.axes, alg.origin)
+        return [algorithms.Site(alg.name, path, alg.axes, alg.origin, alg.options)
                 for alg, paths in self._lw.binding.algorithms for path in paths]
 
     def mark(self, point: str) -> torch.fx.Node | None:

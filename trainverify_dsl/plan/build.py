@@ -459,8 +459,17 @@ class Builder:
                     "program is fixed (docs/semantics.md §7)"))
         options = self._free_options(tuple(o for o in stmt.options if o.key.name in known),
                                      origin)
-        parts.algorithms.append(Algorithm(name, tuple(t for t in targets if t), axes, options,
-                                          origin))
+        kept = []
+        for key, value in options:
+            allowed = vocab.ALGORITHM_OPTION_VALUES.get((name, key))
+            if allowed is not None and value not in allowed:
+                where = next(Origin(o.span, origin.trail) for o in stmt.options
+                             if o.key.name == key)
+                self._invalid_value(key, " or ".join(allowed), where)
+                continue
+            kept.append((key, value))
+        parts.algorithms.append(Algorithm(name, tuple(t for t in targets if t), axes,
+                                          tuple(kept), origin))
 
     def _free_options(self, options: tuple[ast.Option, ...], origin: Origin):
         result = []

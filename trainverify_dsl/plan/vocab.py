@@ -53,10 +53,14 @@ ALGORITHMS = (
     "expert-parallel",
     "row-parallel-linear",
 )
-#: The options each algorithm defines (``KEY=VALUE`` on its statement). None defines one yet:
-#: an algorithm's local program is fixed by docs/semantics.md §7, so any option is an error
-#: rather than a setting silently ignored.
-ALGORITHM_OPTIONS: dict[str, tuple[str, ...]] = {name: () for name in ALGORITHMS}
+#: The options each algorithm defines (``KEY=VALUE`` on its statement); an algorithm's local
+#: program is fixed by docs/semantics.md §7, so any other option is an error rather than a
+#: setting silently ignored. ``smoothing=vocabulary|partition``: the label-smoothing term's
+#: mean over the whole vocabulary (default) or over the rank's partition (§7.2).
+ALGORITHM_OPTIONS: dict[str, tuple[str, ...]] = {
+    **{name: () for name in ALGORITHMS}, "vocab-parallel-cross-entropy": ("smoothing",)}
+ALGORITHM_OPTION_VALUES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("vocab-parallel-cross-entropy", "smoothing"): ("vocabulary", "partition")}
 
 #: Hyper-parameters per optimizer kind; ``lr`` is required for every kind.
 OPTIMIZER_HYPER: dict[str, tuple[str, ...]] = {

@@ -142,6 +142,8 @@ def validate_result(result: dict[str, Any], rules: list[Any], artifacts: list[An
         check("physical", physical, {"artifactLocation", "region"})
         validate_artifact_location(physical["artifactLocation"], artifacts)
         validate_region(physical["region"])
+    prints = result.get("partialFingerprints", {})
+    assert isinstance(prints, dict) and all(isinstance(v, str) for v in prints.values())
     related_ids = [loc["id"] for loc in result.get("relatedLocations", [])]
     assert all(isinstance(i, int) and i >= 0 for i in related_ids)
     assert len(related_ids) == len(set(related_ids))
@@ -237,3 +239,58 @@ def test_validator_rejects_a_broken_rule_index() -> None:
     log["runs"][0]["results"][0]["ruleIndex"] = 1
     with pytest.raises(AssertionError):
         validate(log)
+
+
+# ---------------------------------------------------------------- stable fingerprints
+
+
+def _fingerprints(text: str, tmp_path) -> list[str]:  # noqa: ANN001 - pytest's tmp_path
+    """Lint ``text`` as a plan file and return its SARIF results' fingerprints, in order."""
+    import contextlib
+    import io
+    import os
+
+    from trainverify_dsl.cli.main import main
+
+    plan = tmp_path / "plans" / "p.tvp"
+    plan.parent.mkdir(exist_ok=True)
+    plan.write_text(text, encoding="utf-8")
+    buffer = io.StringIO()
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        with contextlib.redirect_stdout(buffer):
+            main(["lint", "--format", "sarif", "plans/p.tvp"])
+    finally:
+        os.chdir(cwd)
+    log = json.loads(buffer.getvalue())
+    validate(log)
+    results = log["runs"][0]["results"]
+    assert results, "the plan has findings"
+    return [r["partialFingerprints"]["tvp/v1"] for r in results]
+
+
+PLAN = ("plan p\nmesh dp=2, tp=2\nreplicate w over dpp\nsplit v [tq, -]\n")
+
+
+def test_fingerprints_are_stable_across_runs(tmp_path) -> None:  # noqa: ANN001
+    assert _fingerprints(PLAN, tmp_path) == _fingerprints(PLAN, tmp_path)
+
+
+def test_fingerprints_survive_lines_inserted_above(tmp_path) -> None:  # noqa: ANN001
+    """GitHub matches alerts by fingerprint: a blank line or a comment above a finding moves
+    it, but it stays the same alert."""
+    before = _fingerprints(PLAN, tmp_path)
+    moved = PLAN.replace("mesh dp=2, tp=2\n", "mesh dp=2, tp=2\n\n# a comment\n\n")
+    assert _fingerprints(moved, tmp_path) == before
+    reindented = PLAN.replace("replicate w over dpp", "replicate  w  over   dpp")
+    assert _fingerprints(reindented, tmp_path) == before
+
+
+def test_identical_lines_get_distinct_fingerprints_and_edits_change_them(
+        tmp_path) -> None:  # noqa: ANN001
+    twice = PLAN + "replicate w over dpp\n"
+    prints = _fingerprints(twice, tmp_path)
+    assert len(prints) == len(set(prints)) == 4  # the duplicate statement is a finding too
+    edited = PLAN.replace("split v [tq, -]", "split u [tq, -]")
+    assert _fingerprints(edited, tmp_path)[1] != _fingerprints(PLAN, tmp_path)[1]

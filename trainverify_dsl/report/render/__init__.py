@@ -154,7 +154,7 @@ def render(fmt: str, report: LintReport, sources: SourceLookup, *, color: bool =
     if fmt == "sarif":
         from trainverify_dsl.report.render.sarif import render_sarif
 
-        return render_sarif(report, root=root)
+        return render_sarif(report, root=root, sources=sources)
     if fmt == "github":
         from trainverify_dsl.report.render.github import render_github
 

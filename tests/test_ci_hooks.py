@@ -1,0 +1,89 @@
+"""The pre-commit hooks (.pre-commit-hooks.yaml) and the GitHub Actions workflow of docs/ci.md:
+every `tvp` command in them is a valid invocation of the real argument parser, and the hooks
+behave as pre-commit users expect (a bad plan fails `tvp-lint`, a plan out of canonical form
+fails `tvp-fmt` without being rewritten, good plans pass)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from trainverify_dsl.cli.main import build_parser, main
+
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parent.parent
+HOOKS = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
+GOOD = (ROOT / "plans" / "mlp_tiny_dp.tvp").read_text(encoding="utf-8")
+
+
+def _hook(hook_id: str) -> dict:
+    return next(h for h in HOOKS if h["id"] == hook_id)
+
+
+def test_hooks_are_well_formed() -> None:
+    assert [h["id"] for h in HOOKS] == ["tvp-lint", "tvp-fmt"]
+    for hook in HOOKS:
+        assert {"id", "name", "entry", "language", "files"} <= set(hook)
+        assert hook["language"] == "python"
+        assert re.search(hook["files"], "plans/llama3_8b_3d.tvp")
+        assert not re.search(hook["files"], "plans/README.md")
+        assert hook.get("pass_filenames", True), "pre-commit passes the staged files"
+
+
+@pytest.mark.parametrize("hook_id", ["tvp-lint", "tvp-fmt"])
+def test_hook_entry_is_a_valid_command(hook_id: str) -> None:
+    program, *args = shlex.split(_hook(hook_id)["entry"])
+    assert program == "tvp"
+    build_parser().parse_args([*args, "a.tvp", "b.tvp"])  # raises SystemExit if invalid
+
+
+def _run(hook_id: str, files: list[Path], monkeypatch: pytest.MonkeyPatch, cwd: Path) -> int:
+    monkeypatch.chdir(cwd)
+    _, *args = shlex.split(_hook(hook_id)["entry"])
+    return main([*args, *(str(f.relative_to(cwd)) for f in files)])
+
+
+def test_lint_hook_fails_on_a_bad_plan_and_passes_good_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = tmp_path / "good.tvp"
+    good.write_text(GOOD, encoding="utf-8")
+    bad = tmp_path / "bad.tvp"
+    bad.write_text(GOOD.replace("over dp op=avg", "over dq op=avg"), encoding="utf-8")
+    assert _run("tvp-lint", [good], monkeypatch, tmp_path) == 0
+    assert _run("tvp-lint", [good, bad], monkeypatch, tmp_path) == 1
+
+
+def test_fmt_hook_fails_without_rewriting(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    untidy = tmp_path / "untidy.tvp"
+    text = GOOD.replace("mesh dp=2", "mesh   dp = 2")
+    untidy.write_text(text, encoding="utf-8")
+    tidy = tmp_path / "tidy.tvp"
+    tidy.write_text(GOOD, encoding="utf-8")
+    assert _run("tvp-fmt", [tidy], monkeypatch, tmp_path) == 0
+    assert _run("tvp-fmt", [tidy, untidy], monkeypatch, tmp_path) == 1
+    assert untidy.read_text(encoding="utf-8") == text
+
+
+def _workflow() -> dict:
+    page = (ROOT / "docs" / "ci.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```yaml\n(.*?)```", page, flags=re.S)
+    workflows = [yaml.safe_load(b) for b in blocks]
+    return next(w for w in workflows if isinstance(w, dict) and "jobs" in w)
+
+
+def test_the_documented_workflow_runs_valid_tvp_commands() -> None:
+    steps = _workflow()["jobs"]["lint"]["steps"]
+    commands = [s["run"] for s in steps if "run" in s and s["run"].startswith("tvp ")]
+    assert len(commands) >= 3
+    for command in commands:
+        words = shlex.split(command.split(">")[0])
+        args = build_parser().parse_args(words[1:])
+        assert args.command in ("lint", "check")
+    uploads = [s for s in steps if str(s.get("uses", "")).startswith(
+        "github/codeql-action/upload-sarif")]
+    assert uploads and uploads[0]["with"]["sarif_file"] == "tvp.sarif"

@@ -277,3 +277,20 @@ def test_axis_names_mean_nothing_to_the_checker(tmp_path: Path) -> None:
     bad.write_text(text.replace("grad(params) over rows", "grad(params) over mp"),
                    encoding="utf-8")
     assert check_file(bad).verdict in (COUNTEREXAMPLE, ERROR)
+
+
+def test_colour_on_request_and_plain_text_otherwise(capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--color always` colours the verdict word; stripped of its escapes it is the plain
+    output; `auto` through a pipe, and NO_COLOR, give plain text."""
+    plan = str(ROOT / "plans" / "mlp_tiny_dp.tvp")
+    assert main(["check", "--color", "always", plan]) == 0
+    coloured = capsys.readouterr().out
+    assert "\x1b[1;32mVERIFIED\x1b[0m" in coloured
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert main(["check", plan]) == 0
+    plain = capsys.readouterr().out
+    assert "\x1b[" not in plain
+    strip = re.sub(r"\x1b\[[0-9;]*m", "", coloured)
+    # the seconds differ from run to run
+    assert re.sub(r"\(\d+\.\d s\)", "", strip) == re.sub(r"\(\d+\.\d s\)", "", plain)

@@ -49,3 +49,23 @@ def test_simulate_through_a_pipe_prints_one_json_document_and_a_quiet_stderr() -
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["verdict"] == "agrees"
     assert done.stderr == ""
+
+
+def test_the_layout_pass_names_its_phases_with_the_file() -> None:
+    """`tvp lint --spec` hands a callback to the layout pass; each phase names the file."""
+    from trainverify_dsl.cli.lint_cmd import default_linter, with_layout_pass
+
+    seen: list[str] = []
+    lint = with_layout_pass(default_linter(), progress=seen.append)
+    assert list(lint(str(PLAN))) == []
+    assert seen == [f"{PLAN}: building the model at full size on fake tensors",
+                    f"{PLAN}: lowering every stage at full size (the layout pass)"]
+
+
+def test_spec_and_lint_spec_through_a_pipe_add_nothing_to_stderr() -> None:
+    for command in (["lint", "--spec", str(PLAN)],
+                    ["spec", "stdlib/models/mlp.py:MLP", "--config", "mlp_tiny"]):
+        done = subprocess.run([sys.executable, "-m", "trainverify_dsl", *command], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert done.stderr == "", (command, done.stderr)

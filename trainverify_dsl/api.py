@@ -179,23 +179,25 @@ def at_spec_line(diagnostics: list[Diagnostic], path: str | Path) -> list[Diagno
             for d in diagnostics]
 
 
-def layout_diagnostics(path: str | Path, *,
-                       allow_model_outside_root: bool = False) -> list[Diagnostic]:
+def layout_diagnostics(path: str | Path, *, allow_model_outside_root: bool = False,
+                       progress: Progress | None = None) -> list[Diagnostic]:
     """Lower the plan at ``path`` (full size, fake tensors) and report its findings. The plan
     must lint clean first (syntax and plan checks); then every problem is a diagnostic.
-    ``allow_model_outside_root``: see ``prepare``."""
-    return _layout_pass(path, allow_model_outside_root)[0]
+    ``allow_model_outside_root``: see ``prepare``; ``progress`` hears each phase."""
+    return _layout_pass(path, allow_model_outside_root, progress=progress or _quiet)[0]
 
 
 def _layout_pass(path: str | Path, allow_model_outside_root: bool,
-                 setup: SimulationSetup | None = None
+                 setup: SimulationSetup | None = None, progress: Progress | None = None
                  ) -> tuple[list[Diagnostic], Lowered | None]:
     """``layout_diagnostics`` and the full-size lowering it made (``None`` if none);
     ``setup``: the full-size fake model when the caller has built it already."""
     from trainverify_dsl.spec.errors import SpecError
 
+    progress = progress or _quiet
     try:
         if setup is None:
+            progress("building the model at full size on fake tensors")
             setup = prepare(path, shrink=False, real=False,
                             allow_model_outside_root=allow_model_outside_root)
     except SimulationSetupError as error:
@@ -204,6 +206,7 @@ def _layout_pass(path: str | Path, allow_model_outside_root: bool,
         return at_spec_line(list(error.diagnostics), path), None
     plan = setup.plan
     fallback = plan.spec.origin.span if plan.spec else Span(str(path), 1, 1, 1, 1)
+    progress("lowering every stage at full size (the layout pass)")
     try:
         lowered = lower(plan, setup.fake_model, setup.fake_inputs)
     except LoweringError as error:

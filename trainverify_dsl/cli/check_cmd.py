@@ -51,6 +51,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=_seconds, default=600.0, metavar="S",
                         help="seconds for each plan (default 600; 0: no limit); the proof "
                              "stops there and the verdict is inconclusive")
+    parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                        help="colour the verdicts (auto: on a terminal, unless NO_COLOR is "
+                             "set)")
     add_max_memory_option(parser)
     add_model_root_option(parser)
 
@@ -102,9 +105,12 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(document(verdicts), indent=2))
     elif args.format == "text":
-        sys.stdout.write("".join(text(v) for v in verdicts))
+        from trainverify_dsl.cli.lint_cmd import use_color
+
+        color = use_color(args.color, sys.stdout)
+        sys.stdout.write("".join(text(v, color) for v in verdicts))
         if len(verdicts) > 1:
-            summary(verdicts)
+            summary(verdicts, color)
     else:
         from trainverify_dsl.cli.lint_cmd import render_diagnostics
 
@@ -189,11 +195,13 @@ def _reading(c: Any) -> str:
     return f"{c.tensor} {rank} differs from the spec: {error}{detail}"
 
 
-def text(v: Any) -> str:
+def text(v: Any, color: bool = False) -> str:
     lines = [f"{_where(d.span)}: {d.severity}: {d.message} [{d.code.id}]"
              for d in v.diagnostics]
     head = {"verified": "VERIFIED", "counterexample": "COUNTEREXAMPLE",
             "inconclusive": "INCONCLUSIVE", "error": "ERROR"}[v.verdict]
+    if color:  # the same words, coloured as lint colours severities
+        head = f"{_STYLES[v.verdict]}{head}\x1b[0m"
     lines.append(f"{v.plan}: {head} ({v.seconds:.1f} s): {v.reason}")
     c = v.counterexample
     if c is not None:
@@ -208,7 +216,12 @@ def text(v: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary(verdicts: list[Any]) -> None:
+#: ANSI styles of the verdict words on a terminal
+_STYLES = {"verified": "\x1b[1;32m", "counterexample": "\x1b[1;31m",
+           "inconclusive": "\x1b[1;33m", "error": "\x1b[1;31m"}
+
+
+def summary(verdicts: list[Any], color: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -218,4 +231,5 @@ def summary(verdicts: list[Any]) -> None:
     for v in verdicts:
         table.add_row(v.plan, v.verdict, f"{v.seconds:.1f}", f"{v.elements:,}",
                       f"{v.by_normal_form:,}", f"{v.by_expansion:,}", f"{v.by_solver:,}")
-    Console(file=sys.stdout, width=120, color_system=None).print(table)
+    Console(file=sys.stdout, width=120, color_system="standard" if color else None,
+            force_terminal=color).print(table)

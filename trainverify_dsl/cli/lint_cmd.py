@@ -102,15 +102,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"tvp lint: no {PLAN_SUFFIX} files under {directory}", file=sys.stderr)
     if not files:
         return EXIT_USAGE
-    try:
-        linter = default_linter()
-        if getattr(args, "spec", False):
-            linter = with_layout_pass(linter, allow_model_outside_root=getattr(
-                args, "allow_model_outside_root", False))
-    except Exception as error:  # a broken install must not print a traceback either
-        print(f"tvp lint: internal error: cannot load the linter: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    outcome = lint_paths(files, linter)
+    from trainverify_dsl.cli.progress import phases
+
+    spec = getattr(args, "spec", False)
+    # the layout pass imports torch and lowers at full size (tens of seconds for the paper
+    # plans): on a terminal with text output a status line names the file and the phase
+    with phases(spec and args.format == "text") as progress:
+        try:
+            linter = default_linter()
+            if spec:
+                linter = with_layout_pass(linter, allow_model_outside_root=getattr(
+                    args, "allow_model_outside_root", False), progress=progress)
+        except Exception as error:  # a broken install must not print a traceback either
+            print(f"tvp lint: internal error: cannot load the linter: {error}",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        outcome = lint_paths(files, linter)
     color = use_color(args.color, sys.stdout)
     rendered = render(args.format, outcome.report, FileSources(), color=color,
                       root=os.getcwd())
@@ -157,10 +164,11 @@ def render_diagnostics(diagnostics: list[Diagnostic], files: list[str], fmt: str
     return render(fmt, report, FileSources(), color=False, root=os.getcwd())
 
 
-def with_layout_pass(linter: Linter, *, allow_model_outside_root: bool = False) -> Linter:
+def with_layout_pass(linter: Linter, *, allow_model_outside_root: bool = False,
+                     progress: Callable[[str], None] | None = None) -> Linter:
     """``linter``, then (for plans without errors) the layout pass against the spec. It
     imports the plan's model file, confined to the plan's folder, the project and the stdlib
-    unless ``allow_model_outside_root``."""
+    unless ``allow_model_outside_root``. ``progress`` hears each phase, named with the file."""
 
     def lint(file: str) -> Sequence[Diagnostic]:
         found = list(linter(file))
@@ -170,10 +178,14 @@ def with_layout_pass(linter: Linter, *, allow_model_outside_root: bool = False) 
 
         from trainverify_dsl.api import layout_diagnostics
 
+        def phase(name: str) -> None:
+            if progress is not None:
+                progress(f"{file}: {name}")
+
         with warnings.catch_warnings():  # torch's own deprecations are not the user's problem
             warnings.simplefilter("ignore", FutureWarning)
             return found + layout_diagnostics(
-                file, allow_model_outside_root=allow_model_outside_root)
+                file, allow_model_outside_root=allow_model_outside_root, progress=phase)
 
     return lint
 

@@ -95,20 +95,25 @@ def _print_diagnostics(diagnostics: Any, fmt: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # MODEL is a command-line path: relative to the folder the command runs in (the
+    # counterpart of a plan's folder), then the project root; ``stdlib/...`` is the shipped one.
+    from trainverify_dsl.cli.progress import phases
     from trainverify_dsl.ir.program import format_program
     from trainverify_dsl.spec.errors import SpecError
     from trainverify_dsl.spec.load import ModelAccess, load_model, model_input_specs
     from trainverify_dsl.spec.trace import trace_training_step
 
-    # MODEL is a command-line path: relative to the folder the command runs in (the
-    # counterpart of a plan's folder), then the project root; ``stdlib/...`` is the shipped one.
     access = ModelAccess(base=Path.cwd(), allow_outside_root=args.allow_model_outside_root)
     try:
         # stdout carries only the summary (one JSON document with --format json): whatever
-        # the model's own code prints while it is imported and traced goes to stderr.
-        with contextlib.redirect_stdout(sys.stderr):
+        # the model's own code prints while it is imported and traced goes to stderr. On a
+        # terminal (text output) a status line names the phase running.
+        with contextlib.redirect_stdout(sys.stderr), \
+                phases(args.format == "text") as progress:
+            progress("building the model on fake tensors")
             model = load_model(args.model, args.config, access=access)
             specs = model_input_specs(model, args.batch, args.seq, args.model)
+            progress("tracing the training step (forward, backward, optimizer)")
             spec = trace_training_step(model, specs, _optimizer(args.optimizer),
                                        reuse=not args.flat)
     except SpecError as error:

@@ -22,6 +22,7 @@ importer bug, reported by the caller as an internal error, never written.
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass
 
 from trainverify_dsl.importers.models import ReferenceConfig
@@ -30,6 +31,8 @@ from trainverify_dsl.report.diagnostics import Diagnostic, Severity
 #: Longest note kept in a comment (a foreign key can be long).
 NOTE_LIMIT = 90
 STDLIB_TEMPLATES = "stdlib/megatron.tvp"
+#: Width of the header comment's text (after "# "), within the project's 100 columns.
+COMMENT_WIDTH = 96
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +104,8 @@ def plan_text(draft: PlanDraft) -> str:
 
 def _header(draft: PlanDraft) -> str:
     model = draft.config.model
-    lines = [f"# {_comment(c)}" if c else "#" for c in draft.comments]
+    lines = [f"# {line}" for c in draft.comments
+             for line in textwrap.wrap(_comment(c, limit=None), COMMENT_WIDTH)] or []
     lines += [f"plan {draft.name}",
               f'spec "{model.spec}" config {draft.config.name} batch {draft.batch} '
               f"seq {draft.seq}"]
@@ -180,10 +184,10 @@ def _ranges(indices: list[int], count: int, layer_list: str) -> str:
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def _comment(text: str) -> str:
-    """A note as a one-line comment: control characters escaped, cut to ``NOTE_LIMIT``."""
+def _comment(text: str, limit: int | None = NOTE_LIMIT) -> str:
+    """Text for a comment: control characters escaped, cut to ``limit`` characters."""
     clean = _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-    return clean if len(clean) <= NOTE_LIMIT else clean[:NOTE_LIMIT - 1] + "…"
+    return clean if limit is None or len(clean) <= limit else clean[:limit - 1] + "…"
 
 
 def pipeline_stages(config: ReferenceConfig, division: tuple[int, ...]) -> tuple[

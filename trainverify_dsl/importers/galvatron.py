@@ -362,7 +362,15 @@ def _draft(path: str, options: ImportOptions, s: Strategy, mesh: tuple[tuple[str
 
 
 def _layers_text(indices: tuple[int, ...]) -> str:
-    return f"layer{'s' if len(indices) > 1 else ''} " + ", ".join(map(str, indices))
+    """``layers 0-15, 20``."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and runs[-1][1] == index - 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return f"layer{'s' if len(indices) > 1 else ''} " + ", ".join(
+        f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
 def _layer_lines(cls: str, tp: int, sp: bool) -> tuple[Line, ...]:

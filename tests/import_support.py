@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,7 +117,8 @@ def import_file(tmp: Path, format_name: str, name: str, text: str,
 
 def error_lines(stderr: str) -> list[str]:
     """The ``FILE:LINE:COL: error: ... [CODE]`` headlines, the file name cut to its base."""
-    return [line.split("/")[-1] for line in stderr.splitlines() if ": error: " in line]
+    return [re.sub(r"^[^:]*/", "", line) for line in stderr.splitlines()
+            if ": error: " in line]
 
 
 def update() -> None:

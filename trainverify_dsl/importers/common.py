@@ -70,7 +70,9 @@ class Refusals:
         """``where``: a node (its value), a span (a key: ``node.key_span``), or nothing (the
         file as a whole)."""
         span = where.span if isinstance(where, Node) else where or Span.point(self.file, 1, 1)
-        self.items.append(Diagnostic(code, message, span, tuple(notes), help))
+        diagnostic = Diagnostic(code, message, span, tuple(notes), help)
+        if diagnostic not in self.items:  # the same problem found again in another layer
+            self.items.append(diagnostic)
 
     def stop(self, code: Code, message: str, where: Node | Span | None = None, *,
              notes: Iterable[str] = (), help: str | None = None) -> Refused:

@@ -215,9 +215,10 @@ class _JsonReader:
             return True
         if ch != ",":
             raise self.fail(f"expected ',' or '{closing}'", self.pos - 1)
+        comma = self.pos - 1
         self.skip_space()
         if self.peek() == closing:
-            raise self.fail(f"a trailing comma before '{closing}'", self.pos)
+            raise self.fail(f"a trailing comma before '{closing}'", comma)
         return False
 
     def peek(self) -> str:
@@ -421,7 +422,8 @@ def _add_assignment(statement: ast.Assign, reader: _LiteralReader,
         raise reader.fail(statement, "only simple assignments NAME = literal are read")
     if target.id in found:
         raise reader.fail(target, f"'{target.id}' is assigned twice")
-    found[target.id] = reader.literal(statement.value, target.id)
+    value = reader.literal(statement.value, target.id)
+    found[target.id] = Node(value.value, value.span, value.path, reader.span(target))
 
 
 def _inert(statement: ast.stmt) -> bool:

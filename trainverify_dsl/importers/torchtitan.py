@@ -25,7 +25,7 @@ the DTensor reduces them). Anything outside the transcribed cases is refused.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainverify_dsl.importers import patterns
@@ -113,6 +113,8 @@ class State:
     """An activation between modules: a plain tensor, or a DTensor with its placement."""
 
     dtensor: Placement | None = None
+    #: the style that made the DTensor (for messages)
+    origin: Node | None = field(default=None, compare=False)
 
     @property
     def local(self) -> bool:
@@ -495,7 +497,7 @@ class _Flow:
         if not state.local:
             self.refusals.add(codes.UNSUPPORTED_IMPORT, f"{what} is {state}; DTensor "
                               "activations outside the transcribed cases are not imported",
-                              style.node if style else None,
+                              style.node if style else state.origin,
                               help="set use_local_output=True, or write this part by hand")
 
     # ---------------------------------------------------------------- one module
@@ -520,7 +522,7 @@ class _Flow:
         if not x.local:
             self.refusals.add(codes.INEXPRESSIBLE_PLAN, f"{_name(path)} has no style but "
                               f"receives {x}; torch cannot mix its plain parameters with a "
-                              "DTensor")
+                              "DTensor", x.origin)
         return LOCAL
 
     def refuse(self, style: Style, why: str, x: State,
@@ -554,7 +556,7 @@ class _Flow:
         output = self.dim(style.output or Placement("S", self.last))
         if output == Placement("S", self.last):
             if style.local_output or head:
-                return lines, LOCAL if style.local_output else State(output)
+                return lines, LOCAL if style.local_output else State(output, style.node)
             return self.refuse(style, "the split output stays a DTensor", x)
         if output == REPLICATE and style.local_output:
             return lines + (Line(f"all-gather {path}.out over {TENSOR} dim={self.last} "
@@ -610,7 +612,7 @@ class _Flow:
         if not x.local and x.dtensor != shard:
             return self.refuse(style, f"SequenceParallel receiving {x}", x)
         lines = patterns.gradient_all_reduce(path, module.params, TENSOR, style.note)
-        return lines, LOCAL if style.local_output else State(shard)
+        return lines, LOCAL if style.local_output else State(shard, style.node)
 
     def prepare_input(self, path: str, module: Module, style: Style,
                       x: State) -> tuple[tuple[Line, ...], State]:
@@ -628,12 +630,13 @@ class _Flow:
             return self.refuse(style, f"input_layouts says {declared} but the input is {x}",
                                x, codes.INEXPRESSIBLE_PLAN)
         if declared == desired == REPLICATE and x.local:
-            return (Line(f"copy {path}.in over {TENSOR}", style.note),), State(desired)
+            return (Line(f"copy {path}.in over {TENSOR}", style.note),), \
+                State(desired, style.node)
         if declared == desired:
-            return (), State(desired)
+            return (), State(desired, style.node)
         if declared.kind == "S" and desired == REPLICATE:
             return (Line(f"all-gather {path}.in over {TENSOR} dim={declared.dim}",
-                         style.note),), State(desired)
+                         style.note),), State(desired, style.node)
         return self.refuse(style, f"PrepareModuleInput from {declared} to {desired}", x)
 
     def loss(self, logits: State, style: Style | None) -> tuple[Line, ...]:

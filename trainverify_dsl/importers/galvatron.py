@@ -38,6 +38,7 @@ from trainverify_dsl.importers.models import ReferenceConfig
 from trainverify_dsl.importers.source import Node, Unreadable, quoted, read_json, read_text
 from trainverify_dsl.plan.messages import did_you_mean
 from trainverify_dsl.report import codes_import as codes
+from trainverify_dsl.report.span import Span
 
 SCHEDULES = {"gpipe": "gpipe", "pipedream_flush": "1f1b"}
 DP_TYPES = ("ddp", "zero2", "zero3")
@@ -139,7 +140,9 @@ class _Reader:
         return self.root.get(key)
 
     def missing(self, key: str) -> None:
-        self.refusals.add(codes.MALFORMED_IMPORT, f"the strategy has no {key}", self.root,
+        start = self.root.span
+        self.refusals.add(codes.MALFORMED_IMPORT, f"the strategy has no {key}",
+                          Span.point(start.file, start.line, start.col),
                           help=f"Galvatron's JSON states {key}; add it")
 
     def integer(self, key: str, optional: bool = False) -> int | None:

@@ -13,7 +13,7 @@ _HF = "# tvp import hf plan.json --config llama_tiny --batch 4 --seq 8 --mesh tp
 _TT = "# tvp import torchtitan plan.json --config llama_tiny --batch 4 --seq 8 --mesh tp=2\n"
 _GALVATRON = "# tvp import galvatron plan.json --config llama_tiny --seq 8 --world-size 4\n"
 _GALVATRON_BODY = ('"tp_sizes_enc": "2,2", "tp_consecutive_flags": "1,1", "dp_types_enc": '
-                   '"0,0", "global_bsz": 4, "chunks": 1, "default_dp_type": "ddp"}\n')
+                   '"0,0", "global_bsz": 4, "chunks": 1, "default_dp_type": "ddp", "vtp": 2}\n')
 
 
 def _code(id: str, name: str, summary: str, what: str, why: str, example: str,
@@ -61,7 +61,8 @@ INEXPRESSIBLE_PLAN = _code(
     "An approximate plan would be proven (or refuted) for a computation that never runs.",
     "# tvp import galvatron plan.json --config llama_tiny --seq 8 --world-size 4\n"
     '{"pp_deg": 1, "tp_sizes_enc": "1,2", "tp_consecutive_flags": "1,1", '
-    '"dp_types_enc": "0,0", "global_bsz": 4, "chunks": 1, "default_dp_type": "ddp"}\n',
+    '"dp_types_enc": "0,0", "global_bsz": 4, "chunks": 1, "default_dp_type": "ddp", '
+    '"vtp": 2}\n',
     _GALVATRON + '{"pp_deg": 1, ' + _GALVATRON_BODY,
 )
 INCONSISTENT_DEGREES = _code(
@@ -74,10 +75,12 @@ INCONSISTENT_DEGREES = _code(
     "guesses.",
     "# tvp import galvatron plan.json --config llama_tiny --seq 8 --world-size 4\n"
     '{"pp_deg": 2, "pp_division": "1,2", "tp_sizes_enc": "2,2", "tp_consecutive_flags": '
-    '"1,1", "dp_types_enc": "0,0", "global_bsz": 4, "chunks": 2, "default_dp_type": "ddp"}\n',
+    '"1,1", "dp_types_enc": "0,0", "global_bsz": 4, "chunks": 2, "default_dp_type": "ddp", '
+    '"vtp": 2, "pipeline_type": "gpipe"}\n',
     "# tvp import galvatron plan.json --config llama_tiny --seq 8 --world-size 4\n"
     '{"pp_deg": 2, "pp_division": "1,1", "tp_sizes_enc": "2,2", "tp_consecutive_flags": '
-    '"1,1", "dp_types_enc": "0,0", "global_bsz": 4, "chunks": 2, "default_dp_type": "ddp"}\n',
+    '"1,1", "dp_types_enc": "0,0", "global_bsz": 4, "chunks": 2, "default_dp_type": "ddp", '
+    '"vtp": 2, "pipeline_type": "gpipe"}\n',
 )
 MALFORMED_IMPORT = _code(
     "TVP606", "malformed-import", "a required key is missing or has the wrong type",

@@ -114,6 +114,8 @@ class _Reader:
         chunks = self.integer("chunks")
         if self.refusals:
             return None
+        # integer() returns None only after a refusal
+        assert pp is not None and batch is not None and chunks is not None
         tp = self.uniform("tp_sizes_enc", layers["tp_sizes_enc"], "tensor-parallel degree")
         consecutive = self.uniform("tp_consecutive_flags", layers["tp_consecutive_flags"],
                                    "tensor-parallel group order") if tp and tp > 1 else 1
@@ -123,9 +125,9 @@ class _Reader:
                         "context parallelism is not imported yet")
         dp_type = self.dp_type(layers["dp_types_enc"])
         vocab = self.vocabulary(tp or 1, options)
-        schedule = self.schedule(pp or 1, chunks or 1)
-        division = self.division(pp or 1)
-        dp = self.data_parallel(options, pp or 1, tp or 1)
+        schedule = self.schedule(pp, chunks)
+        division = self.division(pp)
+        dp = self.data_parallel(options, pp, tp or 1)
         if self.refusals or None in (tp, consecutive, dp_type, vocab, division, dp):
             return None
         assert tp is not None and dp is not None and division is not None

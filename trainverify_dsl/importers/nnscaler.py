@@ -175,7 +175,7 @@ def _op(key: str, node: Node, model: ReferenceModel, refusals: Refusals) -> Op |
                      f"{model.cls}", module)
         return None
     return Op(int(key), str(signature.value), layer, relative or "", table,
-              reads.value if reads is not None else True)
+              bool(reads.value) if reads is not None else True)
 
 
 def _module(path: str, model: ReferenceModel) -> tuple[int | None, str | None, Module | None]:
@@ -191,8 +191,8 @@ def _module(path: str, model: ReferenceModel) -> tuple[int | None, str | None, M
 
 def _read_stages(path: str, refusals: Refusals) -> list[tuple[int, list[tuple[Node, Node]]]]:
     root = _json(path, refusals)
-    desc = root.get("desc") if root.get("desc") is not None else root
-    spmd = desc.get("spmd_descs") if desc.is_object else None
+    desc = root.get("desc") or root
+    spmd = desc.get("spmd_descs")
     if spmd is None or not isinstance(spmd.value, tuple) or not spmd.value:
         raise refusals.stop(codes.MALFORMED_IMPORT, "expected an AutoDist plan: an object with "
                             "spmd_descs (or desc.spmd_descs), one per pipeline stage", root)

@@ -166,7 +166,7 @@ def import_torchtitan(path: str, options: ImportOptions, refusals: Refusals) -> 
     before, layers, after = flow.run(assign)
     if refusals:
         raise Refused()
-    stages = ()
+    stages: tuple[tuple[str, ...], ...] = ()
     if mesh.has(PIPELINE):
         stages = pipeline_stages(options.config, even_division(options, refusals, mesh.pp))
     batch_axes, gradients = data_parallel(mesh)

@@ -209,3 +209,18 @@ def test_columns_split_with_a_bias_is_refused(tmp_path: Path) -> None:
     wo = cid_of(ops, "layers.0.attention.wo")
     assert f"op {wo} (linear in layers.0.attention.wo): a column-split linear with a bias " \
            "(how nnScaler splits the bias's value is not in the plan) [TVP607]" in err
+
+
+def test_a_data_parallel_mlp_plan_is_the_shipped_mlp_plan(tmp_path: Path) -> None:
+    """An AutoDist plan splitting every operator of the MLP along the batch on 2 devices, with
+    2 microbatches, means plans/mlp_tiny_dp.tvp."""
+    from import_support import ROOT
+    from test_import_examples import meaning
+
+    output = tmp_path / "mlp.tvp"
+    code, _, err = run_tvp(["import", "nnscaler", str(DATA / "nnscaler_mlp_dp_plan.json"),
+                            "--ops", str(DATA / "nnscaler_mlp_dp_ops.json"), "--config",
+                            "mlp_tiny", "--batch", "8", "--seq", "1", "--microbatches", "2",
+                            "--optimizer", "sgd lr=0.1", "-o", str(output)])
+    assert code == 0, err
+    assert meaning(output) == meaning(ROOT / "plans/mlp_tiny_dp.tvp")

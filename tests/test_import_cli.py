@@ -91,6 +91,7 @@ def test_a_refused_import_writes_nothing(tmp_path: Path) -> None:
     (["--config", "llama_tiny", "--spec", "stdlib/models/gpt2.py:GPT2", "--seq", "8"],
      "is not the model of config llama_tiny"),
     (["--seq", "8"], "the following arguments are required: --config"),
+    (["--config", "llama_tiny", "--seq", "8", "--name", "my plan"], "is not a plan name"),
 ])
 def test_usage_errors_exit_2(argv: list[str], message: str) -> None:
     code, out, err = run_tvp(["import", "hf", str(HF.path), *argv])
@@ -117,6 +118,25 @@ def test_a_draft_that_does_not_lint_is_an_internal_error(monkeypatch: pytest.Mon
     code, out, err = run_tvp(HF.argv())
     assert (code, out) == (2, "")
     assert "internal error: the plan made from" in err and "[TVP2" in err
+
+
+def test_an_importer_crash_is_an_internal_error_without_a_traceback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from trainverify_dsl import importers
+
+    def crashing():  # noqa: ANN202 - an Importer
+        def run(path, options, refusals):  # noqa: ANN001, ANN202
+            raise KeyError("boom")
+        return run
+
+    monkeypatch.setitem(importers.FORMATS, "hf",
+                        dataclasses.replace(importers.FORMATS["hf"], load=crashing))
+    code, out, err = run_tvp(HF.argv())
+    assert (code, out) == (2, "")
+    assert "internal error while importing" in err and "KeyError" in err
+    assert "Traceback" not in err
 
 
 def test_help_lists_the_formats() -> None:

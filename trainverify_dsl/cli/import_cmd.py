@@ -82,7 +82,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"tvp import: {args.output} exists; --force replaces it", file=sys.stderr)
         return EXIT_USAGE
     display = args.output or "<stdout>"
-    result = import_file(args.format, args.file, options, display)
+    try:
+        result = import_file(args.format, args.file, options, display)
+    except Exception as error:  # an importer bug must not print a traceback
+        print(f"tvp import: internal error while importing {args.file}: "
+              f"{type(error).__name__}: {error} (please report this input)", file=sys.stderr)
+        return EXIT_USAGE
     if result.refusals:
         return _refused(args.file, result.refusals)
     if result.text is None:
@@ -101,6 +106,10 @@ def _options(args: argparse.Namespace):  # -> ImportOptions | None
     if args.spec and args.spec != config.model.spec:
         print(f"tvp import: --spec {args.spec} is not the model of config {config.name} "
               f"({config.model.spec})", file=sys.stderr)
+        return None
+    if args.name is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", args.name):
+        print(f"tvp import: --name '{args.name}' is not a plan name ([A-Za-z_][A-Za-z0-9_]*)",
+              file=sys.stderr)
         return None
     problem = _optimizer_problem(args.optimizer)
     if problem:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -119,6 +120,28 @@ def error_lines(stderr: str) -> list[str]:
     """The ``FILE:LINE:COL: error: ... [CODE]`` headlines, the file name cut to its base."""
     return [re.sub(r"^[^:]*/", "", line) for line in stderr.splitlines()
             if ": error: " in line]
+
+
+def meaning(path: Path) -> dict:
+    """The resolved plan without names, files and source positions; statement lists as
+    sorted lists (two plans stating the same things in another order mean the same)."""
+    from trainverify_dsl.plan import plan_to_dict, resolve_file
+
+    resolved = resolve_file(path, project_root=ROOT)
+    assert resolved.ok, resolved.diagnostics
+    data = _strip(plan_to_dict(resolved.plan))
+    for key in ("layouts", "collectives", "algorithms", "sends"):
+        data[key] = sorted(data[key], key=lambda item: json.dumps(item, sort_keys=True))
+    return data
+
+
+def _strip(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items()
+                if k not in ("name", "file", "files", "origin", "origins", "trail")}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
 
 
 def update() -> None:

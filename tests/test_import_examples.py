@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from import_support import CASES, DATA, ROOT, Case, imported, run_tvp
+from import_support import CASES, DATA, ROOT, Case, imported, meaning, run_tvp
 
 SMALL = [c for c in CASES if c.small]
 #: Simulations that stay in the fast loop (the rest are also proven equal to shipped plans
@@ -57,28 +57,6 @@ def test_small_imports_simulate_and_agree(case: Case) -> None:
     code, out, err = run_tvp(["simulate", str(case.golden), "--format", "json"])
     result = json.loads(out)
     assert (code, result["verdict"]) == (0, "agrees"), out + err
-
-
-def meaning(path: Path) -> dict:
-    """The resolved plan without names, files and source positions; statement lists as
-    sorted lists (two plans stating the same things in another order mean the same)."""
-    from trainverify_dsl.plan import plan_to_dict, resolve_file
-
-    resolved = resolve_file(path, project_root=ROOT)
-    assert resolved.ok, resolved.diagnostics
-    data = _strip(plan_to_dict(resolved.plan))
-    for key in ("layouts", "collectives", "algorithms", "sends"):
-        data[key] = sorted(data[key], key=lambda item: json.dumps(item, sort_keys=True))
-    return data
-
-
-def _strip(value: object) -> object:
-    if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items()
-                if k not in ("name", "file", "files", "origin", "origins", "trail")}
-    if isinstance(value, list):
-        return [_strip(v) for v in value]
-    return value
 
 
 @pytest.mark.parametrize(("name", "shipped"), [

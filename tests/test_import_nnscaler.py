@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from import_support import DATA, error_lines, run_tvp
+from import_support import DATA, ROOT, error_lines, run_tvp
 
 ARGS = ("--config", "llama_tiny", "--batch", "4", "--seq", "8")
 ROWS, COLUMNS = [[1, 0], 2], [[1, 1], 2]
@@ -214,7 +214,6 @@ def test_columns_split_with_a_bias_is_refused(tmp_path: Path) -> None:
 def test_a_data_parallel_mlp_plan_is_the_shipped_mlp_plan(tmp_path: Path) -> None:
     """An AutoDist plan splitting every operator of the MLP along the batch on 2 devices, with
     2 microbatches, means plans/mlp_tiny_dp.tvp."""
-    from import_support import ROOT
     from test_import_examples import meaning
 
     output = tmp_path / "mlp.tvp"

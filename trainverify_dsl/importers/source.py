@@ -7,11 +7,13 @@ readable path (``base_model_tp_plan["layers.*.self_attn.q_proj"]``) for messages
   ``true``/``false``/``null``) that records line and column of every value and key; Python's
   ``json`` module does not. A key given twice is refused (``json`` would keep the last).
 - ``read_python``: ``ast.parse`` of a Python file (parsing runs nothing), then only the
-  top-level (and class-level) assignments ``NAME = <literal>`` are read. Literals are
-  constants, dicts, lists, tuples, ``-number`` and calls ``Name(args, key=value)`` whose
-  arguments are literals again: a parallel style such as ``RowwiseParallel(
-  output_layouts=Shard(1))`` becomes a ``Call`` node, never an object. Every other statement
-  besides imports and docstrings is refused: the importer cannot know what it would change.
+  top-level assignments ``NAME = <literal>`` are read; every other statement besides imports
+  and docstrings is refused: the importer cannot know what it would change.
+  ``read_class_attributes`` reads chosen class-level literals of a larger file (a
+  transformers configuration module) and refuses any other mention of those names.
+  Literals are constants, dicts, lists, tuples, ``-number`` and calls ``Name(args,
+  key=value)`` whose arguments are literals again: a parallel style such as
+  ``RowwiseParallel(output_layouts=Shard(1))`` becomes a ``Call`` node, never an object.
 
 Problems raise ``Unreadable`` carrying a TVP601 diagnostic at the offending position.
 """

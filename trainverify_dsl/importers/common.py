@@ -20,8 +20,6 @@ from trainverify_dsl.report.span import Span
 #: The mesh axis names the importers give a meaning (docs/importers.md).
 DATA, TENSOR, PIPELINE = "dp", "tp", "pp"
 AXES = (PIPELINE, DATA, TENSOR)
-#: Schedules of the plan language.
-SCHEDULES = ("gpipe", "1f1b")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +46,6 @@ class ImportOptions:
     sequence_parallel: bool = False
     #: nnScaler: the operator table (cid -> signature, module)
     ops: str | None = None
-    extra: dict[str, object] = field(default_factory=dict)
-
-    def mesh_size(self, axis: str) -> int | None:
-        return dict(self.mesh or ()).get(axis)
 
 
 class Refused(Exception):
@@ -107,14 +101,6 @@ class MeshRoles:
 
     def has(self, axis: str) -> bool:
         return axis in dict(self.axes)
-
-
-def required(options: ImportOptions, refusals: Refusals, what: str, value: object,
-             why: str) -> None:
-    """A needed option that is missing ends the import with the reason it is needed."""
-    if value is None:
-        raise refusals.stop(codes.MALFORMED_IMPORT, f"{what} is required: {why}",
-                            help=f"pass {what} on the command line")
 
 
 def data_parallel(mesh: MeshRoles) -> tuple[tuple[str, ...], tuple[Line, ...]]:

@@ -32,6 +32,7 @@ FORBIDDEN = {
     "shrink": {"cli", "oracle", "check", "simulate", "api"},
     # the language server reads what `tvp lint` reads, never torch's stages nor the commands
     "lsp": {"spec", "lower", "simulate", "check", "api", "shrink", "cli", "oracle"},
+    "importers": {"lower", "simulate", "check", "spec", "api", "shrink", "cli", "oracle"},
 }
 
 

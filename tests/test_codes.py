@@ -18,7 +18,14 @@ from pathlib import Path
 import pytest
 from test_golden import linter
 
-from trainverify_dsl.report import codes_lower, codes_plan, codes_run, codes_spec, codes_syntax
+from trainverify_dsl.report import (
+    codes_import,
+    codes_lower,
+    codes_plan,
+    codes_run,
+    codes_spec,
+    codes_syntax,
+)
 from trainverify_dsl.report.codes import ALL_CODES, lookup
 from trainverify_dsl.report.diagnostics import Code, Severity
 
@@ -26,7 +33,7 @@ ID = re.compile(r"TVP\d{3}")
 KEBAB = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 EXTRA_FILE = re.compile(r"`(?P<name>[\w.-]+\.tvp)` holding `(?P<text>[^`]*)`")
 TABLES = {"1": codes_syntax.CODES, "2": codes_plan.CODES, "3": codes_spec.CODES,
-          "4": codes_lower.CODES, "5": codes_run.CODES}
+          "4": codes_lower.CODES, "5": codes_run.CODES, "6": codes_import.CODES}
 COMMAND = "tvp lint "
 LINT_CODES = [c for c in ALL_CODES if c.id[3] in "12"]
 

@@ -27,6 +27,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "check": ("check_cmd", "prove that the plan computes the spec's training step"),
     "run-distributed": ("run_distributed_cmd", "run a small plan as real gloo processes and "
                         "compare with single-device torch"),
+    "import": ("import_cmd", "write the plan of a foreign parallel plan (Hugging Face, "
+               "torchtitan, Galvatron, nnScaler)"),
 }
 
 EXIT_USAGE = 2

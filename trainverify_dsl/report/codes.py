@@ -8,17 +8,25 @@ with its own id range so stable ids never collide:
     TVP3xx  spec tracing     report/codes_spec.py     (spec/)
     TVP4xx  lowering/layout  report/codes_lower.py    (lower/)
     TVP5xx  running a plan   report/codes_run.py      (simulate/, later check/)
+    TVP6xx  importing plans  report/codes_import.py   (importers/: `tvp import`)
 
 Look codes up by id or name with ``lookup``; never build a ``Code`` outside a table.
 """
 
 from __future__ import annotations
 
-from trainverify_dsl.report import codes_lower, codes_plan, codes_run, codes_spec, codes_syntax
+from trainverify_dsl.report import (
+    codes_import,
+    codes_lower,
+    codes_plan,
+    codes_run,
+    codes_spec,
+    codes_syntax,
+)
 from trainverify_dsl.report.diagnostics import Code
 
 ALL_CODES: tuple[Code, ...] = (codes_syntax.CODES + codes_plan.CODES + codes_spec.CODES +
-                               codes_lower.CODES + codes_run.CODES)
+                               codes_lower.CODES + codes_run.CODES + codes_import.CODES)
 
 
 def _index() -> dict[str, Code]:

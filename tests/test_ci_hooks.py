@@ -31,7 +31,17 @@ def test_hooks_are_well_formed() -> None:
         assert hook["language"] == "python"
         assert re.search(hook["files"], "plans/llama3_8b_3d.tvp")
         assert not re.search(hook["files"], "plans/README.md")
-        assert hook.get("pass_filenames", True), "pre-commit passes the staged files"
+        # stated, not left to pre-commit's defaults: the staged plans as arguments, and any
+        # number of processes (every plan is checked on its own)
+        assert hook["pass_filenames"] is True
+        assert hook["require_serial"] is False
+
+
+def test_pre_commit_accepts_the_hooks_file() -> None:
+    """pre-commit's own schema (what `pre-commit validate-manifest` checks)."""
+    clientlib = pytest.importorskip("pre_commit.clientlib", reason="pre-commit not installed")
+    hooks = clientlib.load_manifest(str(ROOT / ".pre-commit-hooks.yaml"))
+    assert [h["id"] for h in hooks] == ["tvp-lint", "tvp-fmt"]
 
 
 @pytest.mark.parametrize("hook_id", ["tvp-lint", "tvp-fmt"])

@@ -234,3 +234,9 @@ def test_lint_spec_shows_its_phases_on_a_terminal() -> None:
     quiet, _ = _on_a_terminal(["lint", "--spec", "--format", "json", str(GOOD)],
                               stream="stderr")
     assert quiet == ""
+
+
+def test_check_shows_its_phases_on_a_terminal_and_keeps_a_pipe_plain() -> None:
+    shown, stdout = _on_a_terminal(["check", str(GOOD)], stream="stderr")
+    assert f"{GOOD}: layout pass at full size" in shown
+    assert stdout.startswith(f"{GOOD}: VERIFIED (") and "\x1b[" not in stdout

@@ -1,5 +1,7 @@
 """Shared pytest setup: the project root (for `stdlib.models`) is importable; a `float64`
-fixture for tests that compare with torch numerically."""
+fixture for tests that compare with torch numerically; FORCE_COLOR from the developer's shell
+does not reach the commands under test (plain-text tests expect `--color auto` through a pipe
+to be plain)."""
 
 import sys
 from pathlib import Path
@@ -22,3 +24,8 @@ def float64():
     torch.manual_seed(0)
     yield
     torch.set_default_dtype(previous)
+
+
+@pytest.fixture(autouse=True)
+def _no_forced_colour(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FORCE_COLOR", raising=False)

@@ -31,7 +31,17 @@ def test_hooks_are_well_formed() -> None:
         assert hook["language"] == "python"
         assert re.search(hook["files"], "plans/llama3_8b_3d.tvp")
         assert not re.search(hook["files"], "plans/README.md")
-        assert hook.get("pass_filenames", True), "pre-commit passes the staged files"
+        # stated, not left to pre-commit's defaults: the staged plans as arguments, and any
+        # number of processes (every plan is checked on its own)
+        assert hook["pass_filenames"] is True
+        assert hook["require_serial"] is False
+
+
+def test_pre_commit_accepts_the_hooks_file() -> None:
+    """pre-commit's own schema (what `pre-commit validate-manifest` checks)."""
+    clientlib = pytest.importorskip("pre_commit.clientlib", reason="pre-commit not installed")
+    hooks = clientlib.load_manifest(str(ROOT / ".pre-commit-hooks.yaml"))
+    assert [h["id"] for h in hooks] == ["tvp-lint", "tvp-fmt"]
 
 
 @pytest.mark.parametrize("hook_id", ["tvp-lint", "tvp-fmt"])
@@ -69,21 +79,64 @@ def test_fmt_hook_fails_without_rewriting(tmp_path: Path,
     assert untidy.read_text(encoding="utf-8") == text
 
 
-def _workflow() -> dict:
+def _page_blocks() -> list:
+    """Every YAML block of docs/ci.md, loaded."""
     page = (ROOT / "docs" / "ci.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"```yaml\n(.*?)```", page, flags=re.S)
-    workflows = [yaml.safe_load(b) for b in blocks]
-    return next(w for w in workflows if isinstance(w, dict) and "jobs" in w)
+    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", page, flags=re.S)]
 
 
-def test_the_documented_workflow_runs_valid_tvp_commands() -> None:
-    steps = _workflow()["jobs"]["lint"]["steps"]
-    commands = [s["run"] for s in steps if "run" in s and s["run"].startswith("tvp ")]
-    assert len(commands) >= 3
-    for command in commands:
-        words = shlex.split(command.split(">")[0])
-        args = build_parser().parse_args(words[1:])
-        assert args.command in ("lint", "check")
+def _walk(node: object) -> list[dict]:
+    """Every mapping inside ``node``."""
+    if isinstance(node, dict):
+        return [node] + [m for value in node.values() for m in _walk(value)]
+    if isinstance(node, list):
+        return [m for item in node for m in _walk(item)]
+    return []
+
+
+def _workflow() -> dict:
+    return next(b for b in _page_blocks() if isinstance(b, dict) and "jobs" in b)
+
+
+def _documented_commands() -> list[list[str]]:
+    """The `tvp` commands of the page as argument lists: workflow steps (`run`, without a
+    redirection) and local hooks (`entry`, given two files as pre-commit does)."""
+    commands = []
+    for mapping in (m for b in _page_blocks() for m in _walk(b)):
+        if str(mapping.get("run", "")).startswith("tvp "):
+            commands.append(shlex.split(mapping["run"].split(">")[0]))
+        if str(mapping.get("entry", "")).startswith("tvp "):
+            commands.append([*shlex.split(mapping["entry"]), "a.tvp", "b.tvp"])
+    return commands
+
+
+def test_the_documented_commands_are_valid_invocations() -> None:
+    commands = _documented_commands()
+    assert len(commands) >= 6
+    for words in commands:
+        args = build_parser().parse_args(words[1:])  # raises SystemExit if invalid
+        assert args.command in ("lint", "fmt", "check"), words
+
+
+def test_the_documented_workflow_uploads_what_tvp_writes() -> None:
+    steps = [s for job in _workflow()["jobs"].values() for s in job["steps"]]
+    commands = [s["run"] for s in steps if str(s.get("run", "")).startswith("tvp ")]
+    sarif = next(c for c in commands if "--format sarif" in c)
+    written = sarif.split(">")[1].strip()
     uploads = [s for s in steps if str(s.get("uses", "")).startswith(
         "github/codeql-action/upload-sarif")]
-    assert uploads and uploads[0]["with"]["sarif_file"] == "tvp.sarif"
+    assert uploads and uploads[0]["with"]["sarif_file"] == written
+    assert any("github" in words for words in _documented_commands())
+    assert _workflow()["permissions"]["security-events"] == "write"
+
+
+def test_the_documented_hooks_are_the_shipped_ones() -> None:
+    """The remote config names hooks that exist; the local variant runs the same commands on
+    the same files."""
+    blocks = [b for b in _page_blocks() if isinstance(b, dict) and "repos" in b]
+    remote = next(r for b in blocks for r in b["repos"] if r["repo"] != "local")
+    assert [h["id"] for h in remote["hooks"]] == [h["id"] for h in HOOKS]
+    local = next(r for b in blocks for r in b["repos"] if r["repo"] == "local")
+    for hook in local["hooks"]:
+        shipped = _hook(hook["id"])
+        assert (hook["entry"], hook["files"]) == (shipped["entry"], shipped["files"])

@@ -16,6 +16,7 @@ from test_render_support import FILE, TEST_ERROR, TEST_NOTE, TEST_WARNING, error
 from trainverify_dsl import __version__
 from trainverify_dsl.report.diagnostics import Diagnostic
 from trainverify_dsl.report.render import LintReport
+from trainverify_dsl.report.render.fingerprints import FINGERPRINT_KEY, LINE_HASH_KEY, line_hashes
 from trainverify_dsl.report.render.sarif import artifact_location, region, render_sarif
 from trainverify_dsl.report.span import Span
 
@@ -244,8 +245,9 @@ def test_validator_rejects_a_broken_rule_index() -> None:
 # ---------------------------------------------------------------- stable fingerprints
 
 
-def _fingerprints(text: str, tmp_path) -> list[str]:  # noqa: ANN001 - pytest's tmp_path
-    """Lint ``text`` as a plan file and return its SARIF results' fingerprints, in order."""
+def _results(text: str, tmp_path) -> list[dict[str, Any]]:  # noqa: ANN001 - pytest's tmp_path
+    """Lint ``text`` as ``plans/p.tvp`` (from ``tmp_path``) and return the validated SARIF
+    log's results, in order."""
     import contextlib
     import io
     import os
@@ -267,10 +269,20 @@ def _fingerprints(text: str, tmp_path) -> list[str]:  # noqa: ANN001 - pytest's 
     validate(log)
     results = log["runs"][0]["results"]
     assert results, "the plan has findings"
-    return [r["partialFingerprints"]["tvp/v1"] for r in results]
+    return results
+
+
+def _fingerprints(text: str, tmp_path) -> list[dict[str, str]]:  # noqa: ANN001
+    """Each result's ``partialFingerprints``, with its rule id."""
+    return [{"rule": r["ruleId"], **r["partialFingerprints"]} for r in _results(text, tmp_path)]
 
 
 PLAN = ("plan p\nmesh dp=2, tp=2\nreplicate w over dpp\nsplit v [tq, -]\n")
+
+
+def test_every_result_has_both_fingerprints(tmp_path) -> None:  # noqa: ANN001
+    for prints in _fingerprints(PLAN, tmp_path):
+        assert set(prints) == {"rule", FINGERPRINT_KEY, LINE_HASH_KEY}
 
 
 def test_fingerprints_are_stable_across_runs(tmp_path) -> None:  # noqa: ANN001
@@ -279,10 +291,11 @@ def test_fingerprints_are_stable_across_runs(tmp_path) -> None:  # noqa: ANN001
 
 def test_fingerprints_survive_lines_inserted_above(tmp_path) -> None:  # noqa: ANN001
     """GitHub matches alerts by fingerprint: a blank line or a comment above a finding moves
-    it, but it stays the same alert."""
+    it, but it stays the same alert; so does re-indenting its line."""
     before = _fingerprints(PLAN, tmp_path)
     moved = PLAN.replace("mesh dp=2, tp=2\n", "mesh dp=2, tp=2\n\n# a comment\n\n")
     assert _fingerprints(moved, tmp_path) == before
+    assert _fingerprints("\n" + PLAN, tmp_path) == before
     reindented = PLAN.replace("replicate w over dpp", "replicate  w  over   dpp")
     assert _fingerprints(reindented, tmp_path) == before
 
@@ -291,6 +304,66 @@ def test_identical_lines_get_distinct_fingerprints_and_edits_change_them(
         tmp_path) -> None:  # noqa: ANN001
     twice = PLAN + "replicate w over dpp\n"
     prints = _fingerprints(twice, tmp_path)
-    assert len(prints) == len(set(prints)) == 4  # the duplicate statement is a finding too
+    assert len(prints) == 4  # the duplicate statement is a finding too
+    assert len({p[FINGERPRINT_KEY] for p in prints}) == 4
+    assert len({(p["rule"], p[LINE_HASH_KEY]) for p in prints}) == 4  # GitHub adds the rule
     edited = PLAN.replace("split v [tq, -]", "split u [tq, -]")
     assert _fingerprints(edited, tmp_path)[1] != _fingerprints(PLAN, tmp_path)[1]
+
+
+def test_lines_identical_down_to_the_end_are_told_apart_by_their_count(
+        tmp_path) -> None:  # noqa: ANN001
+    """Twelve equal lines at the end: the first ones' 100-character windows are equal too, so
+    GitHub's hash is the same and only its ``:N`` count tells them apart."""
+    repeated = "plan p\nmesh dp=2\n" + "split v [tq, -]\n" * 12
+    prints = [p for p in _fingerprints(repeated, tmp_path) if p["rule"] == "TVP207"]
+    assert len(prints) == 12
+    hashes = [p[LINE_HASH_KEY] for p in prints]
+    assert len(set(hashes)) == 12 and hashes[0].endswith(":1") and hashes[1].endswith(":2")
+    assert hashes[0].split(":")[0] == hashes[1].split(":")[0]
+    assert len({p[FINGERPRINT_KEY] for p in prints}) == 12
+
+
+def test_the_line_hash_is_the_one_githubs_action_computes(tmp_path) -> None:  # noqa: ANN001
+    """upload-sarif computes the hash of the result's line from the checked-out file and warns
+    when the log holds another value; ours is the same (CRLF line endings included)."""
+    for text in (PLAN, PLAN.replace("\n", "\r\n"), "# é 漢字 \U0001f600\n" + PLAN):
+        expected = line_hashes(text)
+        for result in _results(text, tmp_path):
+            line = result["locations"][0]["physicalLocation"]["region"]["startLine"]
+            assert result["partialFingerprints"][LINE_HASH_KEY] == expected[line - 1]
+
+
+def test_a_file_that_is_not_a_plan_is_not_hashed(tmp_path) -> None:  # noqa: ANN001
+    """TVP110 quotes nothing of the file (it may be a .env reached through `use`), and its
+    fingerprints hash nothing of it either."""
+    first = _fingerprints("API_TOKEN=first-secret\nPASSWORD=hunter2\n", tmp_path)
+    second = _fingerprints("API_TOKEN=other-secret\nPASSWORD=swordfish\n", tmp_path)
+    assert [p["rule"] for p in first] == ["TVP110"]
+    assert first == second and LINE_HASH_KEY not in first[0]
+
+
+# GitHub's own test vectors for the hash (codeql-action, src/fingerprints.test.ts): the text,
+# then the hash of each line; `line_hashes` must give exactly these.
+GITHUB_LINE_HASHES = [
+    ("", ["c129715d7a2bc9a3:1"]),
+    (" a\nb\n  \t\tc\n d",
+     ["271789c17abda88f:1", "54703d4cd895b18:1", "180aee12dab6264:1", "a23a3dc5e078b07b:1"]),
+    (" hello; \t\nworld!!!\n\n\n  \t\tGreetings\n End",
+     ["8b7cf3e952e7aeb2:1", "b1ae1287ec4718d9:1", "bff680108adb0fcc:1", "c6805c5e1288b612:1",
+      "b86d3392aea1be30:1", "e6ceba753e1a442:1"]),
+    (" hello; \t\nworld!!!\r\n\n\r  \t\tGreetings\r End\r\n",
+     ["e9496ae3ebfced30:1", "fb7c023a8b9ccb3f:1", "ce8ba1a563dcdaca:1", "e20e36e16fcb0cc8:1",
+      "b3edc88f2938467e:1", "c8e28b0b4002a3a0:1", "c129715d7a2bc9a3:1"]),
+    ("Lorem ipsum dolor sit amet.\n" * 10,
+     [*(f"a7f2ff13bc495cf2:{n}" for n in range(1, 7)), "a7f2ff1481e87703:1",
+      "a9cf91f7bbf1862b:1", "55ec222b86bcae53:1", "cc97dc7b1d7d8f7b:1", "c129715d7a2bc9a3:1"]),
+    ("x = 2\nx = 1\nprint(x)\nx = 3\nprint(x)\nx = 4\nprint(x)\n",
+     ["e54938cc54b302f1:1", "bb609acbe9138d60:1", "1131fd5871777f34:1", "5c482a0f8b35ea28:1",
+      "54517377da7028d2:1", "2c644846cb18d53e:1", "f1b89f20de0d133:1", "c129715d7a2bc9a3:1"]),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), GITHUB_LINE_HASHES)
+def test_line_hashes_are_githubs(text: str, expected: list[str]) -> None:
+    assert line_hashes(text) == expected

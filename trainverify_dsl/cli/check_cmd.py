@@ -33,7 +33,7 @@ import math
 import sys
 from typing import Any
 
-from trainverify_dsl.cli.lint_cmd import add_model_root_option
+from trainverify_dsl.cli.lint_cmd import add_color_option, add_model_root_option
 from trainverify_dsl.cli.simulate_cmd import _where, add_max_memory_option
 
 #: the order of badness: the worst verdict decides the exit code
@@ -51,9 +51,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=_seconds, default=600.0, metavar="S",
                         help="seconds for each plan (default 600; 0: no limit); the proof "
                              "stops there and the verdict is inconclusive")
-    parser.add_argument("--color", choices=("auto", "always", "never"), default="auto",
-                        help="colour the verdicts (auto: on a terminal, unless NO_COLOR is "
-                             "set)")
+    add_color_option(parser)
     add_max_memory_option(parser)
     add_model_root_option(parser)
 
@@ -196,18 +194,22 @@ def _reading(c: Any) -> str:
 
 
 def text(v: Any, color: bool = False) -> str:
-    lines = [f"{_where(d.span)}: {d.severity}: {d.message} [{d.code.id}]"
-             for d in v.diagnostics]
+    """The verdict of one plan as text; with ``color``, the same characters with ANSI styles
+    (locations bold, severities and the verdict word in their colours)."""
+    from trainverify_dsl.report.render.text import Painter, code_tag, headline
+
+    paint = Painter(color)
+    lines = [headline(_where(d.span), str(d.severity), f"{d.message} {code_tag(d.code.id, paint)}",
+                      paint) for d in v.diagnostics]
     head = {"verified": "VERIFIED", "counterexample": "COUNTEREXAMPLE",
             "inconclusive": "INCONCLUSIVE", "error": "ERROR"}[v.verdict]
-    if color:  # the same words, coloured as lint colours severities
-        head = f"{_STYLES[v.verdict]}{head}\x1b[0m"
-    lines.append(f"{v.plan}: {head} ({v.seconds:.1f} s): {v.reason}")
+    lines.append(f"{v.plan}: {paint(head, VERDICT_STYLES[v.verdict])} ({v.seconds:.1f} s): "
+                 f"{v.reason}")
     c = v.counterexample
     if c is not None:
-        lines.append(f"  {_where(c.span)}: {_reading(c)}")
+        lines.append(f"  {paint(_where(c.span) + ':', 'location')} {_reading(c)}")
     for where, reason in v.open[:5]:
-        lines.append(f"  not proven: {where}: {reason}")
+        lines.append(f"  {paint('not proven:', 'doubt')} {where}: {reason}")
     if len(v.open) > 5:
         lines.append(f"  ... and {len(v.open) - 5} more")
     if v.assumptions and v.verdict in ("verified", "inconclusive"):
@@ -216,20 +218,24 @@ def text(v: Any, color: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: ANSI styles of the verdict words on a terminal
-_STYLES = {"verified": "\x1b[1;32m", "counterexample": "\x1b[1;31m",
-           "inconclusive": "\x1b[1;33m", "error": "\x1b[1;31m"}
+#: the style of each verdict on a terminal (report/render/text.py's styles)
+VERDICT_STYLES = {"verified": "good", "counterexample": "bad", "inconclusive": "doubt",
+                  "error": "bad"}
+#: the same in rich's words, for the summary table
+_RICH_STYLES = {"good": "bold green", "bad": "bold red", "doubt": "bold yellow"}
 
 
 def summary(verdicts: list[Any], color: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title="tvp check")
     for column in ("plan", "verdict", "seconds", "elements", "normal form", "expanded", "z3"):
         table.add_column(column, justify="left" if column in ("plan", "verdict") else "right")
     for v in verdicts:
-        table.add_row(v.plan, v.verdict, f"{v.seconds:.1f}", f"{v.elements:,}",
+        verdict = Text(v.verdict, style=_RICH_STYLES[VERDICT_STYLES[v.verdict]])
+        table.add_row(Text(v.plan), verdict, f"{v.seconds:.1f}", f"{v.elements:,}",
                       f"{v.by_normal_form:,}", f"{v.by_expansion:,}", f"{v.by_solver:,}")
     Console(file=sys.stdout, width=120, color_system="standard" if color else None,
             force_terminal=color).print(table)

@@ -68,12 +68,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="plan files, or directories searched for *.tvp")
     parser.add_argument("--format", choices=FORMATS, default="text",
                         help="output format (default: text)")
-    parser.add_argument("--color", choices=COLOR_CHOICES, default="auto",
-                        help="colour text output: auto (on a terminal), always, never")
+    add_color_option(parser)
     parser.add_argument("--spec", action="store_true",
                         help="also run the layout pass against the plan's spec model "
                              "(imports torch and runs the model file's code; TVP4xx)")
     add_model_root_option(parser)
+
+
+def add_color_option(parser: argparse.ArgumentParser) -> None:
+    """``--color auto|always|never``, shared by the commands with text output (``use_color``)."""
+    parser.add_argument("--color", choices=COLOR_CHOICES, default="auto",
+                        help="colour text output: auto (on a terminal, unless NO_COLOR is set; "
+                             "FORCE_COLOR colours a pipe too), always, never")
 
 
 def add_model_root_option(parser: argparse.ArgumentParser) -> None:
@@ -158,10 +164,12 @@ def default_linter() -> Linter:
     return lint_file
 
 
-def render_diagnostics(diagnostics: list[Diagnostic], files: list[str], fmt: str) -> str:
-    """Diagnostics of other commands (``tvp simulate``) in lint's formats, without colour."""
+def render_diagnostics(diagnostics: list[Diagnostic], files: list[str], fmt: str, *,
+                       color: bool = False) -> str:
+    """Diagnostics of other commands (``tvp simulate``, ``tvp check``) in lint's formats;
+    ``color`` applies to text."""
     report = LintReport.of(diagnostics, files)
-    return render(fmt, report, FileSources(), color=False, root=os.getcwd())
+    return render(fmt, report, FileSources(), color=color, root=os.getcwd())
 
 
 def with_layout_pass(linter: Linter, *, allow_model_outside_root: bool = False,
@@ -216,11 +224,16 @@ def _plan_files_under(directory: str) -> list[str]:
 
 
 def use_color(choice: str, stream: TextIO) -> bool:
-    """``always``/``never`` as said; ``auto`` colours a terminal unless ``NO_COLOR`` is set."""
+    """``always``/``never`` as said. ``auto`` as ruff, pytest and rich read the environment
+    (no-color.org, force-color.org): no colour when ``NO_COLOR`` is set and not empty, colour
+    when ``FORCE_COLOR`` is (a CI log, which is no terminal, but shows colours), else colour on
+    a terminal only. Read here, at the command line's edge, and passed on as a flag."""
     if choice != "auto":
         return choice == "always"
     if os.environ.get("NO_COLOR"):
         return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
 

@@ -68,7 +68,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from trainverify_dsl.cli.lint_cmd import add_model_root_option
+from trainverify_dsl.cli.lint_cmd import add_color_option, add_model_root_option
 
 EXIT_AGREES = 0
 EXIT_DIFFERS = 1
@@ -105,6 +105,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random values' seed (default 0)")
     parser.add_argument("--no-shrink", action="store_true",
                         help="simulate at the plan's own sizes (only for small models)")
+    add_color_option(parser)
     add_max_memory_option(parser)
     add_model_root_option(parser)
 
@@ -192,9 +193,13 @@ def _where(span: Any) -> str:
     return f"{span.file}:{span.line}:{span.col}" if span is not None else "(no plan line)"
 
 
-def _text(path: str, result: Any) -> str:
+def _text(path: str, result: Any, color: bool = False) -> str:
+    """The simulation's text report; with ``color``, the same characters with ANSI styles
+    (locations bold, severities and the verdict in their colours)."""
+    from trainverify_dsl.report.render.text import Painter, code_tag, headline
     from trainverify_dsl.simulate import TOLERANCE
 
+    paint = Painter(color)
     lines = []
     sizes = ", ".join(f"{k}={v}" for k, v in result.sizes.items())
     if sizes:
@@ -204,29 +209,36 @@ def _text(path: str, result: Any) -> str:
         lines.append(f"idle axes, run at size 1 (no statement uses them; their ranks compute "
                      f"the same): {idle}")
     for d in result.findings:
-        lines.append(f"{_where(d.span)}: {d.severity}: {d.message} [{d.code.id}]")
+        lines.append(headline(_where(d.span), str(d.severity),
+                              f"{d.message} {code_tag(d.code.id, paint)}", paint))
     verdict = "agrees with the spec" if result.agrees else "DIFFERS from the spec"
     if has_errors(result):
         verdict = ("has errors and " + verdict.replace("agrees", "otherwise agrees")
                    if result.agrees else "has errors and " + verdict)
-    lines.append(f"{path}: {verdict}: max relative error {result.max_rel_error:.3g} "
-                 f"(tolerance {TOLERANCE:g}) over {result.compared} tensors on "
-                 f"{result.ranks} ranks")
+    style = "good" if agrees(result) else "bad"
+    lines.append(f"{path}: {paint(verdict, style)}: max relative error "
+                 f"{result.max_rel_error:.3g} (tolerance {TOLERANCE:g}) over {result.compared} "
+                 f"tensors on {result.ranks} ranks")
     if result.lineage_mismatches and result.first is result.lineage_mismatches[0]:
         m = result.first
-        lines.append(f"  first difference: {_where(m.span)}: {m.tensor} on rank {m.rank}: "
-                     f"relative error {m.rel_error:.3g} ({m.detail})")
+        lines.append(f"  first difference: {_located(m.span, paint)} {m.tensor} on rank "
+                     f"{m.rank}: relative error {m.rel_error:.3g} ({m.detail})")
     elif result.lineage_mismatches:
         lines.append(f"  note: {len(result.lineage_mismatches)} intermediate value(s) differ "
                      "from their derived lineage although the outputs agree")
     for m in result.mismatches[:SHOWN]:
         rank = f"rank {m.rank}" if m.rank >= 0 else "logical value"
         detail = f" ({m.detail})" if m.detail else ""
-        lines.append(f"  {_where(m.span)}: {m.tensor} on {rank}: relative error "
+        lines.append(f"  {_located(m.span, paint)} {m.tensor} on {rank}: relative error "
                      f"{m.rel_error:.3g}{detail}")
     if len(result.mismatches) > SHOWN:
         lines.append(f"  ... and {len(result.mismatches) - SHOWN} more")
     return "\n".join(lines) + "\n"
+
+
+def _located(span: Any, paint: Any) -> str:
+    """``file:line:col:`` (bold on a terminal)."""
+    return paint(f"{_where(span)}:", "location")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -238,12 +250,15 @@ def run(args: argparse.Namespace) -> int:
         print(_stderr_line(outcome), file=sys.stderr)
     if args.format == "json":
         print(json.dumps(outcome_json(args.plan, outcome), indent=2))
-    elif outcome.result is not None:
-        sys.stdout.write(_text(args.plan, outcome.result))
-    elif outcome.refusal:
-        from trainverify_dsl.cli.lint_cmd import render_diagnostics
+        return outcome.status
+    from trainverify_dsl.cli.lint_cmd import render_diagnostics, use_color
 
-        sys.stdout.write(render_diagnostics(list(outcome.refusal), [args.plan], "text"))
+    color = use_color(args.color, sys.stdout)
+    if outcome.result is not None:
+        sys.stdout.write(_text(args.plan, outcome.result, color))
+    elif outcome.refusal:
+        sys.stdout.write(render_diagnostics(list(outcome.refusal), [args.plan], "text",
+                                            color=color))
     return outcome.status
 
 

@@ -13,12 +13,12 @@ outside ``root`` gets an absolute ``file://`` URI instead. ``artifacts`` lists e
 checked, and ``artifactLocation.index`` points into it. Regions are 1-based, ``endColumn``
 exclusive, and columns count Unicode code points (``columnKind: unicodeCodePoints``).
 
-Each result has ``partialFingerprints["tvp/v1"]``: a SHA-256 of the code, the file's URI, the
-text of the offending line with its whitespace collapsed, and the result's rank among results
-with those same three (so two identical lines get two fingerprints). No line or column number
-enters it, so a result keeps its fingerprint when lines are inserted above it and GitHub code
-scanning matches it to the alert of an earlier run instead of opening a new one. (GitHub
-computes ``primaryLocationLineHash`` itself; we leave that key to it.)
+Each result has ``partialFingerprints``: ``primaryLocationLineHash`` (the value GitHub's
+upload-sarif action computes for it, from the text at and after the offending line) and
+``tvp/v1`` (a SHA-256 of the code, the file's URI, the offending line's text and its rank among
+identical ones). No line or column number enters either, so a result keeps them when lines are
+inserted above it and GitHub code scanning matches it to the alert of an earlier run instead of
+opening a new one (``report.render.fingerprints``).
 
 ``invocations[0].executionSuccessful`` is ``false`` when the linter crashed on a file; each
 crash is a ``toolExecutionNotifications`` entry (level ``error``, the message, the file as its
@@ -27,7 +27,6 @@ location), so a consumer never takes a crashed run for a clean one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import PurePath
@@ -36,13 +35,12 @@ from urllib.parse import quote
 
 from trainverify_dsl.report.diagnostics import Code, Diagnostic, Severity
 from trainverify_dsl.report.render import InternalError, LintReport, SourceLookup, no_sources
+from trainverify_dsl.report.render.fingerprints import add_fingerprints
 from trainverify_dsl.report.span import Span
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 SARIF_VERSION = "2.1.0"
 SRCROOT = "%SRCROOT%"
-#: the ``partialFingerprints`` key of our results (versioned: a change of recipe is a new key)
-FINGERPRINT_KEY = "tvp/v1"
 
 _LEVELS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.NOTE: "note"}
 
@@ -57,13 +55,15 @@ def report_to_sarif(report: LintReport, *, rules: Sequence[Code] | None = None,
                     root: str | None = None,
                     sources: SourceLookup = no_sources) -> dict[str, Any]:
     """The SARIF log as plain data; ``rules`` defaults to the whole code registry;
-    ``sources`` gives the files' text for the fingerprints (without it a fingerprint rests on
-    the code, the file and the message)."""
+    ``sources`` gives the files' text for the fingerprints (without it ``tvp/v1`` rests on
+    the code, the file and the message, and there is no ``primaryLocationLineHash``)."""
     codes = _rule_codes(rules, report.diagnostics)
     rule_index = {code.id: index for index, code in enumerate(codes)}
     artifacts = _artifact_files(report)
     artifact_index = {file: index for index, file in enumerate(artifacts)}
     locate = _Locator(root, artifact_index)
+    results = [_result(d, rule_index[d.code.id], locate) for d in report.diagnostics]
+    add_fingerprints(results, report.diagnostics, sources)
     return {
         "$schema": SARIF_SCHEMA,
         "version": SARIF_VERSION,
@@ -72,36 +72,9 @@ def report_to_sarif(report: LintReport, *, rules: Sequence[Code] | None = None,
             "invocations": [_invocation(report.internal_errors, locate)],
             "columnKind": "unicodeCodePoints",
             "artifacts": [{"location": locate.artifact(file)} for file in artifacts],
-            "results": _fingerprinted(
-                [_result(d, rule_index[d.code.id], locate) for d in report.diagnostics],
-                report.diagnostics, sources),
+            "results": results,
         }],
     }
-
-
-def _fingerprinted(results: list[dict[str, Any]], diagnostics: Sequence[Diagnostic],
-                   sources: SourceLookup) -> list[dict[str, Any]]:
-    """``partialFingerprints`` on every result (module docstring): no position enters it."""
-    seen: dict[tuple[str, str, str], int] = {}
-    texts: dict[str, list[str] | None] = {}
-    for result, diagnostic in zip(results, diagnostics, strict=True):
-        file = diagnostic.span.file
-        if file not in texts:
-            text = sources(file)
-            texts[file] = text.split("\n") if text is not None else None
-        lines = texts[file]
-        line = diagnostic.span.line
-        if lines is not None and 1 <= line <= len(lines):
-            content = " ".join(lines[line - 1].split())
-        else:  # no text to anchor to: the message stands in for it
-            content = "message:" + diagnostic.message
-        uri = result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
-        key = (diagnostic.code.id, uri, content)
-        rank = seen.get(key, 0)
-        seen[key] = rank + 1
-        digest = hashlib.sha256("\0".join((*key, str(rank))).encode("utf-8")).hexdigest()
-        result["partialFingerprints"] = {FINGERPRINT_KEY: digest}
-    return results
 
 
 def _rule_codes(rules: Sequence[Code] | None, diagnostics: Iterable[Diagnostic]) -> list[Code]:

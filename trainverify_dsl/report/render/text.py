@@ -47,7 +47,8 @@ MAX_EXCERPT = 200
 EXCERPT_LEAD = 60
 CUT = "…"
 
-# ANSI SGR sequences; used only when the caller asks for colour.
+# ANSI SGR sequences; used only when the caller asks for colour. Stripped of them, coloured
+# text is the plain text, character for character (the tests check it).
 _RESET = "\x1b[0m"
 _STYLES = {
     "location": "\x1b[1m",
@@ -57,10 +58,17 @@ _STYLES = {
     "help": "\x1b[1;32m",
     "code": "\x1b[2m",
     "clean": "\x1b[1;32m",
+    # verdicts of tvp check and tvp simulate: held, failed, undecided
+    "good": "\x1b[1;32m",
+    "bad": "\x1b[1;31m",
+    "doubt": "\x1b[1;33m",
 }
 
 
-class _Painter:
+class Painter:
+    """``paint(text, style)``: ``text`` in one of the styles above when colour is on, else
+    ``text`` itself."""
+
     def __init__(self, color: bool) -> None:
         self.color = color
 
@@ -72,7 +80,7 @@ class _Painter:
 
 def render_text(report: LintReport, sources: SourceLookup, *, color: bool = False) -> str:
     """Every diagnostic of ``report`` as a block, then the summary line (ends with a newline)."""
-    paint = _Painter(color)
+    paint = Painter(color)
     lines: list[str] = []
     for diagnostic in report.diagnostics:
         lines.extend(diagnostic_lines(diagnostic, sources, paint))
@@ -85,13 +93,13 @@ def render_text(report: LintReport, sources: SourceLookup, *, color: bool = Fals
 def render_diagnostic(diagnostic: Diagnostic, sources: SourceLookup, *,
                       color: bool = False) -> str:
     """One diagnostic block without a summary (for tools printing diagnostics one by one)."""
-    return "\n".join(diagnostic_lines(diagnostic, sources, _Painter(color))) + "\n"
+    return "\n".join(diagnostic_lines(diagnostic, sources, Painter(color))) + "\n"
 
 
 def diagnostic_lines(diagnostic: Diagnostic, sources: SourceLookup,
-                     paint: _Painter) -> list[str]:
+                     paint: Painter) -> list[str]:
     severity = diagnostic.severity
-    code = paint(f"[{diagnostic.code.id}]", "code")
+    code = code_tag(diagnostic.code.id, paint)
     lines = [_header(diagnostic.span, severity.value, f"{diagnostic.message} {code}", paint)]
     if diagnostic.code.quotes_source:
         lines.extend(excerpt(diagnostic.span, sources, paint, severity.value))
@@ -105,18 +113,28 @@ def diagnostic_lines(diagnostic: Diagnostic, sources: SourceLookup,
     return lines
 
 
-def _header(span: Span, label: str, message: str, paint: _Painter) -> str:
-    location = paint(f"{span.file}:{span.line}:{span.col}:", "location")
-    return f"{location} {paint(label + ':', label)} {message}"
+def _header(span: Span, label: str, message: str, paint: Painter) -> str:
+    return headline(f"{span.file}:{span.line}:{span.col}", label, message, paint)
 
 
-def _labelled(label: str, text: str, paint: _Painter) -> list[str]:
+def headline(where: str, label: str, message: str, paint: Painter) -> str:
+    """``where: label: message``, a diagnostic's first line: the location bold, the label
+    (``error``, ``warning``, ``note``) in its colour. Other commands' text output uses it too."""
+    return f"{paint(where + ':', 'location')} {paint(label + ':', label)} {message}"
+
+
+def code_tag(code_id: str, paint: Painter) -> str:
+    """``[TVP203]``, dimmed."""
+    return paint(f"[{code_id}]", "code")
+
+
+def _labelled(label: str, text: str, paint: Painter) -> list[str]:
     first, *rest = text.split("\n")
     continuation = INDENT + " " * (len(label) + 2)
     return [f"{INDENT}{paint(label + ':', label)} {first}"] + [continuation + r for r in rest]
 
 
-def excerpt(span: Span, sources: SourceLookup, paint: _Painter, style: str) -> list[str]:
+def excerpt(span: Span, sources: SourceLookup, paint: Painter, style: str) -> list[str]:
     """The source line of ``span`` and a ``^~~~`` marker under it; ``[]`` without source."""
     source_line = _source_line(sources(span.file), span.line)
     if source_line is None or not source_line.strip():

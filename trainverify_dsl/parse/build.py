@@ -339,7 +339,24 @@ class AstBuilder:
     def _segments(self, token: Token) -> tuple[ast.Segment, ...]:
         """Split a PATH token: ``layers[0:8].*.wq`` -> Name, Slice, Glob, Name."""
         text = str(token)
+        if "[" not in text:  # the common case: words between dots, read without a regex
+            return self._dotted_segments(token, text)
         return tuple(self._segment(token, match) for match in _SEGMENT.finditer(text))
+
+    def _dotted_segments(self, token: Token, text: str) -> tuple[ast.Segment, ...]:
+        """``_segments`` of a path without brackets: what ``_SEGMENT`` finds, one word per
+        dot-separated part (PATH has no empty part)."""
+        line = token.line + self.line_offset
+        column, pos = token.column, token.start_pos + self.pos_offset
+        segments = []
+        start = 0
+        for word in text.split("."):
+            end = start + len(word)
+            span = Span(self.file, line, column + start, line, column + end, pos + start,
+                        pos + end)
+            segments.append(self._word(token, word, span))
+            start = end + 1
+        return tuple(segments)
 
     def _segment(self, token: Token, match: re.Match) -> ast.Segment:
         word = match["word"]
@@ -351,7 +368,10 @@ class AstBuilder:
             bounds = [None if part is None else self._int(token, part)
                       for part in _slice_parts(inside)]
             return ast.Slice(bounds[0], bounds[1], bounds[2], span)
-        span = self._sub_span(token, match.start("word"), match.end("word"))
+        return self._word(token, word, self._sub_span(token, match.start("word"),
+                                                      match.end("word")))
+
+    def _word(self, token: Token, word: str, span: Span) -> ast.Segment:
         if word.isdigit():
             return ast.Index(self._int(token, word), span)
         if "*" in word or "?" in word:

@@ -381,7 +381,7 @@ def collect_comments(text: str, file: str) -> tuple[ast.Comment, ...]:
     comments: list[ast.Comment] = []
     pos = 0
     for number, line in enumerate(text.split("\n"), start=1):
-        column = _comment_column(line)
+        column = _comment_column(line) if "#" in line else -1
         if column >= 0:
             body = line[column:].rstrip("\r")
             span = Span(file, number, column + 1, number, column + 1 + len(body),
@@ -392,6 +392,8 @@ def collect_comments(text: str, file: str) -> tuple[ast.Comment, ...]:
 
 
 def _comment_column(line: str) -> int:
+    if '"' not in line:
+        return line.find("#")
     in_string = escaped = False
     for column, char in enumerate(line):
         if in_string:

@@ -56,10 +56,10 @@ def shape_of(text: str) -> str:
 class Shape:
     """What Lark did with one statement group."""
 
-    #: (parser state the lexer was asked in, terminal) for every token the lexer produced
-    lexemes: tuple[tuple[int, str], ...]
-    #: the parser state in which the lexer found nothing but ignored text up to the end
-    end_state: int
+    #: (the lexer of the parser state it was asked in, terminal) for every token it produced
+    lexemes: tuple[tuple[_StateLexer, str], ...]
+    #: the lexer of the parser state in which it found nothing but ignored text up to the end
+    end_lexer: _StateLexer
     #: the terminals the parser was fed, after the postlexer (``_INDENT``, ``_DEDENT`` added)
     terminals: tuple[str, ...]
     #: the parser's actions in order: ``SHIFT``, or (callback, number of values reduced)
@@ -69,20 +69,26 @@ class Shape:
 @dataclass(frozen=True, slots=True)
 class _StateLexer:
     """The contextual lexer's lexer for one parser state (``lark.lexer.BasicLexer``): its
-    scanner's compiled alternations (``Scanner._mres``: the terminals in Lark's priority order,
+    scanner's match (``Scanner.match``: the terminals' alternation in Lark's priority order,
     the first alternative that matches wins) and its ignored and newline terminals."""
 
-    patterns: tuple[re.Pattern[str], ...]
+    match: Callable[[str, int], re.Match[str] | None]
     ignore_types: frozenset[str]
     newline_types: frozenset[str]
 
-    def match(self, text: str, pos: int) -> re.Match[str] | None:
-        """``Scanner.match``: the first of the alternations that matches at ``pos``."""
-        for pattern in self.patterns:
+
+def _first_match(patterns: tuple[re.Pattern[str], ...]) -> Callable[[str, int], Any]:
+    """``Scanner.match`` over several alternations (Lark splits one past 100 groups)."""
+    if len(patterns) == 1:
+        return patterns[0].match
+
+    def match(text: str, pos: int) -> re.Match[str] | None:
+        for pattern in patterns:
             found = pattern.match(text, pos)
             if found is not None:
                 return found
         return None
+    return match
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +151,8 @@ def _state_lexer(lexer: Any) -> _StateLexer:
     patterns = tuple(lexer.scanner._mres)
     if lexer.callback or not all(isinstance(pattern, re.Pattern) for pattern in patterns):
         raise TypeError("a lexer with terminal callbacks or without Python regexes")
-    return _StateLexer(patterns, frozenset(lexer.ignore_types), frozenset(lexer.newline_types))
+    return _StateLexer(_first_match(patterns), frozenset(lexer.ignore_types),
+                       frozenset(lexer.newline_types))
 
 
 @lru_cache(maxsize=2)
@@ -201,8 +208,8 @@ class ShapeParser:
         conf = parts.parse_conf_type(parts.parse_table, self.recording, "start")
         state = parts.parser_state_type(conf, None)
         lexer_state = parts.lexer_state_type(parts.text_slice_type(text, 0, len(text)))
-        lexemes: list[tuple[int, str]] = []
-        end_state: list[int] = []
+        lexemes: list[tuple[_StateLexer, str]] = []
+        end_lexer: list[_StateLexer] = []
 
         def lexed() -> Iterator[Token]:
             while True:
@@ -210,9 +217,9 @@ class ShapeParser:
                 try:
                     token = parts.lark_lexers[position].next_token(lexer_state, state)
                 except EOFError:
-                    end_state.append(position)
+                    end_lexer.append(parts.lexers[position])
                     return
-                lexemes.append((position, token.type))
+                lexemes.append((parts.lexers[position], token.type))
                 yield token
 
         self.recorded.clear()
@@ -224,7 +231,7 @@ class ShapeParser:
             self.recorded.append(SHIFT)
         end = Token.new_borrow_pos("$END", "", token) if token else Token("$END", "", 0, 1, 1)
         result = state.feed_token(end, True)
-        shape = Shape(tuple(lexemes), end_state[0], tuple(terminals), tuple(self.recorded))
+        shape = Shape(tuple(lexemes), end_lexer[0], tuple(terminals), tuple(self.recorded))
         return result, shape
 
     # ------------------------------------------------------------ replaying
@@ -232,7 +239,7 @@ class ShapeParser:
     def _relex(self, text: str, shape: Shape) -> list[Token] | None:
         """The tokens Lark would feed its parser for ``text`` if it lexes like ``shape``
         (else None): the lexer's tokens, then the postlexer's stream."""
-        tokens = _lex(self.parts, text, shape)
+        tokens = _lex(text, shape)
         if tokens is None:
             return None
         try:
@@ -244,32 +251,30 @@ class ShapeParser:
         return stream
 
 
-def _lex(parts: _LarkParts, text: str, shape: Shape) -> list[Token] | None:
-    """``BasicLexer.next_token`` for each recorded state: the same scanner, ignored terminals
-    skipped, positions as ``LineCounter.feed`` counts them. None when a terminal differs or
-    text is left over. (A long function: it is the lexer's inner loop.)"""
+def _lex(text: str, shape: Shape) -> list[Token] | None:
+    """``BasicLexer.next_token`` with each recorded state's lexer: the same scanner, ignored
+    terminals skipped, positions as ``LineCounter.feed`` counts them. None when a terminal
+    differs or text is left over. (A long function: it is the lexer's inner loop.)"""
     pos, line, line_start = 0, 1, 0
     tokens: list[Token] = []
-    lexers = parts.lexers
-    for state, terminal in shape.lexemes:
-        lexer = lexers[state]
+    for lexer, terminal in shape.lexemes:
         while True:
             found = lexer.match(text, pos)
             if found is None:
                 return None
-            value, kind = found.group(0), found.lastgroup
+            value, kind = found.group(), found.lastgroup
             start, start_line, start_column = pos, line, pos - line_start + 1
             if kind in lexer.newline_types and "\n" in value:
                 line += value.count("\n")
                 line_start = pos + value.rindex("\n") + 1
-            pos += len(value)
+            pos = found.end()
             if kind not in lexer.ignore_types:
                 break
         if kind != terminal:
             return None
         tokens.append(Token(kind, value, start, start_line, start_column, line,
                             pos - line_start + 1, pos))
-    lexer = lexers[shape.end_state]
+    lexer = shape.end_lexer
     while pos < len(text):
         found = lexer.match(text, pos)
         if found is None or found.lastgroup not in lexer.ignore_types:

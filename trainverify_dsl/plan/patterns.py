@@ -30,11 +30,25 @@ def _segment(seg: ast.Segment) -> PatternSegment:
     raise AssertionError(f"unknown path segment {seg!r}")
 
 
+def _segments(segments: tuple[ast.Segment, ...]) -> tuple[PatternSegment, ...]:
+    """``_segment`` of each, names and indices (nearly all of them) without the ``match``."""
+    result = []
+    for seg in segments:
+        kind = type(seg)
+        if kind is ast.Name:
+            result.append(NameSeg(seg.name))
+        elif kind is ast.Index:
+            result.append(IndexSeg(seg.index))
+        else:
+            result.append(_segment(seg))
+    return tuple(result)
+
+
 def pattern_of(node: ast.Path | ast.GradRef) -> TensorPattern:
     """The resolved pattern of an (already substituted) path or ``grad(path)``."""
     if isinstance(node, ast.GradRef):
-        return TensorPattern(tuple(_segment(s) for s in node.path.segments), grad=True)
-    return TensorPattern(tuple(_segment(s) for s in node.segments))
+        return TensorPattern(_segments(node.path.segments), grad=True)
+    return TensorPattern(_segments(node.segments))
 
 
 #: The largest index a path may name: a module list is a Python sequence, so nothing past
@@ -56,6 +70,8 @@ def invalid_segment(node: ast.Path | ast.GradRef) -> BadSegment | None:
     index beyond ``MAX_INDEX``, if any."""
     path = node.path if isinstance(node, ast.GradRef) else node
     for seg in path.segments:
+        if type(seg) is ast.Name:  # nothing to check, and most segments are names
+            continue
         if isinstance(seg, ast.Slice) and seg.step == 0:
             return BadSegment(seg.span, "slice step cannot be zero",
                               "use a positive step such as [0:8:2]")

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from trainverify_dsl.parse import ast
+from trainverify_dsl.report.span import Span
 
 Env = dict[str, ast.Value]
 
@@ -132,10 +133,16 @@ def statement(stmt: Any, env: Env) -> Any:
     changes: dict[str, Any] = {}
     for name in stmt.__dataclass_fields__:
         old = getattr(stmt, name)
+        if type(old) in _NO_PARAMETERS:
+            continue
         new = _field(name, old, env)
         if new is not old:
             changes[name] = new
     return replace(stmt, **changes) if changes else stmt
+
+
+#: Field values no parameter can occur in (``_field`` returns them unchanged).
+_NO_PARAMETERS = frozenset({str, int, type(None), Span})
 
 
 def _field(name: str, node: Any, env: Env) -> Any:

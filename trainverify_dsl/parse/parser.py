@@ -173,7 +173,7 @@ def _parse_by_shapes(source: str, file: str) -> tuple[ast.Statement, ...] | None
     groups = shapes.ShapeParser.of(parser)
     if groups is None:
         return None
-    source_shape = shapes.shape_of(source)
+    source_shape = groups.shape_of(source)
     statements: list[ast.Statement] = []
     try:
         for first_line, start, end in _group_bounds(source):

@@ -4,91 +4,145 @@ is replayed for the other statements of that shape.
 A plan is line-oriented and repetitive: a search tool writes the same statements for a
 thousand layers, differing in numbers only (``split layers.17.attention.wq.weight [tp, -]``).
 The parser (``parser._parse_by_shapes``) hands this module one top-level statement group at a
-time, with its *shape*: the group's text with every digit read as ``0``.
+time, with its *shape*: the group's text with every ASCII digit read as ``0`` (``shape_of``;
+the same length as the text, so a slice of a file's shape is the shape of the slice).
 
-The first group of a shape is parsed by Lark (its LALR parse table, its contextual lexer's
-scanners, the ``TvpIndenter`` postlexer, the callbacks Lark built around ``build.AstBuilder``),
-driven the way ``Lark.parse`` drives them, while recording what happened (``Shape``): for every
-token, the parser state it was lexed in and its terminal; the terminals after the postlexer;
-the parser's actions (shift, or reduce: this callback over this many values).
+Why a shape can be replayed. No terminal of the grammar can tell one digit from another:
+every character class in its regular expressions holds all ten digits or none, and no literal
+is a digit (``digits_are_interchangeable`` checks this on the terminals of the parser in use;
+if it failed, shapes would be the exact texts instead). So two groups of one shape are lexed
+alike by Lark's contextual lexer: in every parser state the same terminals match at the same
+positions, the ``TvpIndenter`` sees the same indentation, lines and columns are the same.
+Their terminals being the same, Lark's LALR parser takes the same actions on both. Only the
+token values differ, in their digits.
 
-A later group of the same shape is lexed with Lark's scanner of each recorded state, as Lark's
-contextual lexer would (ignored terminals skipped, lines and columns counted as
-``lark.lexer.LineCounter`` does), and run through the postlexer. If every terminal is the
-recorded one and the text ends where it did, Lark's parse of this group takes exactly the
-recorded actions, because an LALR parser's actions depend on the terminals alone (and the
-parser states the lexer was asked in are then the recorded ones, by induction over the tokens).
-So the actions are replayed: the same callbacks, in the same order, over the new tokens; only
-the automaton's table look-ups are skipped. Any difference sends the group back to Lark (and
-the new parse replaces the recorded shape).
+So the first group of a shape is parsed by Lark (its parse table, its contextual lexer, the
+postlexer, the callbacks Lark built around ``build.AstBuilder``), driven the way
+``Lark.parse`` drives them, while recording the tokens it fed the parser (``Shape.tokens``)
+and its actions (shift, or reduce: this callback over this many values). A later group of
+the shape gets the recorded tokens with its own text in their values, and the recorded
+actions are replayed: the same callbacks, in the same order, on the new tokens. Lexing and
+the automaton's table look-ups are skipped; building the AST is not.
 
 Nothing here makes a diagnostic: any exception (a syntax error, a ``BuildError``) propagates,
-and the caller parses the file the plain way, which reports it. ``ShapeParser.of`` returns
-None for a Lark whose internals are not the ones relied on here (``lark`` 1.3), and the
-caller then parses the plain way too.
+and the caller parses the file the plain way, which reports it (a shape is recorded only
+from a parse that succeeded). ``ShapeParser.of`` returns None for a Lark whose internals are
+not the ones used here (``lark`` 1.3), and the caller then parses the plain way too.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from lark import Lark, Token
 
-#: Every digit read as ``0``: statements that differ in their numbers have one shape.
+#: Every ASCII digit read as ``0``.
 _DIGITS_AS_ZERO = str.maketrans("123456789", "000000000")
+
+#: ``Token(...)``: Lark 1.2+ forwards its constructor to ``_future_new`` (to warn about the
+#: deprecated ``type_`` keyword), which makes the same token without that second call.
+_new_token = getattr(Token, "_future_new", Token)
 
 #: The action "shift the next token" in ``Shape.actions`` (a reduction is a pair).
 SHIFT = None
 
 Action = tuple[Callable[[list[Any]], Any], int] | None
 
-
-def shape_of(text: str) -> str:
-    """The shape of ``text``; slices of it are the shapes of the slices (same length)."""
-    return text.translate(_DIGITS_AS_ZERO)
+#: (type, value or None for "the group's text from start to end", start, line, column,
+#: end line, end column, end): a token as Lark fed it to the parser.
+RecordedToken = tuple[str, str | None, int, int, int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
 class Shape:
     """What Lark did with one statement group."""
 
-    #: (the lexer of the parser state it was asked in, terminal) for every token it produced
-    lexemes: tuple[tuple[_StateLexer, str], ...]
-    #: the lexer of the parser state in which it found nothing but ignored text up to the end
-    end_lexer: _StateLexer
-    #: the terminals the parser was fed, after the postlexer (``_INDENT``, ``_DEDENT`` added)
-    terminals: tuple[str, ...]
+    #: the tokens the parser was fed, after the postlexer (its ``_INDENT`` and ``_DEDENT``
+    #: carry their own value; a lexer token's value is the group's text at its place)
+    tokens: tuple[RecordedToken, ...]
     #: the parser's actions in order: ``SHIFT``, or (callback, number of values reduced)
     actions: tuple[Action, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class _StateLexer:
-    """The contextual lexer's lexer for one parser state (``lark.lexer.BasicLexer``): its
-    scanner's match (``Scanner.match``: the terminals' alternation in Lark's priority order,
-    the first alternative that matches wins) and its ignored and newline terminals."""
-
-    match: Callable[[str, int], re.Match[str] | None]
-    ignore_types: frozenset[str]
-    newline_types: frozenset[str]
+# ---------------------------------------------------------------- which texts share a shape
 
 
-def _first_match(patterns: tuple[re.Pattern[str], ...]) -> Callable[[str, int], Any]:
-    """``Scanner.match`` over several alternations (Lark splits one past 100 groups)."""
-    if len(patterns) == 1:
-        return patterns[0].match
+def digits_are_interchangeable(regexps: Iterable[str]) -> bool:
+    """Whether none of these regular expressions can tell one ASCII digit from another: no
+    literal digit, no back-reference, and every character class (``[0-9]``, ``\\w``, ``.``,
+    ``[^"]``...) holds all ten digits or none. Then a match never changes when digits are
+    swapped for other digits. Anything not understood counts as telling digits apart."""
+    try:
+        from re import _parser  # the parser ``re.compile`` uses (Lark reads it too)
 
-    def match(text: str, pos: int) -> re.Match[str] | None:
-        for pattern in patterns:
-            found = pattern.match(text, pos)
-            if found is not None:
-                return found
-        return None
-    return match
+        return all(_uniform(_parser.parse(regexp)) for regexp in regexps)
+    except Exception:  # noqa: BLE001 - a pattern or Python this check does not know
+        return False
+
+
+#: Whether a character category (``\d``, ``\w``, ``\s``... in any of its flavours) holds the
+#: digits.
+_CATEGORY_HOLDS_DIGITS = {
+    "DIGIT": True, "NOT_DIGIT": False, "WORD": True, "NOT_WORD": False,
+    "SPACE": False, "NOT_SPACE": True, "LINEBREAK": False, "NOT_LINEBREAK": True,
+}
+_DIGIT_CODES = range(ord("0"), ord("9") + 1)
+
+
+def _uniform(pattern: Any) -> bool:
+    """``digits_are_interchangeable`` for one parsed pattern (``re._parser.SubPattern``).
+    One branch per opcode of the parsed form; the list is long, the logic is not."""
+    for opcode, argument in pattern:
+        name = str(opcode)
+        if name in ("LITERAL", "NOT_LITERAL"):
+            ok = argument not in _DIGIT_CODES
+        elif name == "IN":
+            ok = _uniform_class(argument)
+        elif name in ("ANY", "AT"):
+            ok = True  # any character; positions (a digit is a word character, like all)
+        elif name == "SUBPATTERN":  # (group, add flags, del flags, pattern)
+            ok = _uniform(argument[3])
+        elif name == "BRANCH":  # (None, [pattern, ...])
+            ok = all(_uniform(branch) for branch in argument[1])
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):  # (min, max, pattern)
+            ok = _uniform(argument[2])
+        elif name in ("ASSERT", "ASSERT_NOT"):  # (direction, pattern)
+            ok = _uniform(argument[1])
+        elif name == "ATOMIC_GROUP":
+            ok = _uniform(argument)
+        else:
+            ok = False  # a back-reference compares text; anything else is unknown
+        if not ok:
+            return False
+    return True
+
+
+def _uniform_class(items: Any) -> bool:
+    """A character class holds all ten digits or none (negation keeps that)."""
+    held = set()
+    for opcode, argument in items:
+        name = str(opcode)
+        if name == "NEGATE":
+            continue
+        if name == "LITERAL":
+            held.update({argument} & set(_DIGIT_CODES))
+        elif name == "RANGE":
+            low, high = argument
+            held.update(code for code in _DIGIT_CODES if low <= code <= high)
+        elif name == "CATEGORY":
+            category = str(argument).removeprefix("CATEGORY_")
+            category = category.removeprefix("UNI_").removeprefix("LOC_")
+            if _CATEGORY_HOLDS_DIGITS[category]:
+                held.update(_DIGIT_CODES)
+        else:
+            return False
+    return len(held) in (0, len(_DIGIT_CODES))
+
+
+# ---------------------------------------------------------------- Lark's parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,15 +156,15 @@ class _LarkParts:
     parse_table: Any
     callbacks: dict[Any, Callable[[list[Any]], Any]]
     #: parser state -> the contextual lexer's lexer for it (``lark.lexer.BasicLexer``)
-    lark_lexers: dict[int, Any]
-    #: parser state -> the same lexer's parts, for lexing a recorded shape again
-    lexers: _StateLexers
+    lexers: dict[int, Any]
     postlexer: Any
+    #: whether texts that differ in their digits only are lexed alike (module docstring)
+    digits_interchangeable: bool
 
     @staticmethod
     def of(parser: Lark) -> _LarkParts | None:
         try:
-            from lark.lexer import BasicLexer, ContextualLexer, LexerState
+            from lark.lexer import ContextualLexer, LexerState
             from lark.parser_frontends import PostLexConnector
             from lark.parsers.lalr_parser_state import ParseConf, ParserState
             from lark.utils import TextSlice
@@ -118,46 +172,25 @@ class _LarkParts:
             frontend = parser.parser
             connector, lalr = frontend.lexer, frontend.parser.parser
             contextual = connector.lexer
-            lexers = contextual.lexers
             if not (isinstance(connector, PostLexConnector)
-                    and isinstance(contextual, ContextualLexer)
-                    and all(type(each) is BasicLexer for each in lexers.values())):
+                    and isinstance(contextual, ContextualLexer)):
                 return None
             if any(isinstance(key, str) for key in lalr.callbacks):
                 return None  # callbacks on shifted terminals (none in our grammar)
-            _state_lexer(lexers[lalr.parse_table.start_states["start"]])  # Lark's scanner?
-        except (ImportError, AttributeError, TypeError, KeyError):
+            regexps = [terminal.pattern.to_regexp() for terminal in parser.terminals]
+            return _LarkParts(ParseConf, ParserState, LexerState, TextSlice, lalr.parse_table,
+                              lalr.callbacks, contextual.lexers, connector.postlexer,
+                              digits_are_interchangeable(regexps))
+        except (ImportError, AttributeError):
             return None
-        return _LarkParts(ParseConf, ParserState, LexerState, TextSlice, lalr.parse_table,
-                          lalr.callbacks, lexers, _StateLexers(lexers), connector.postlexer)
-
-
-class _StateLexers(dict[int, _StateLexer]):
-    """Made on first use, as Lark builds a state's scanner on first use (compiling all 90 of
-    them would add 30 ms to every command)."""
-
-    def __init__(self, lark_lexers: dict[int, Any]) -> None:
-        super().__init__()
-        self.lark_lexers = lark_lexers
-
-    def __missing__(self, state: int) -> _StateLexer:
-        self[state] = lexer = _state_lexer(self.lark_lexers[state])
-        return lexer
-
-
-def _state_lexer(lexer: Any) -> _StateLexer:
-    """Raises TypeError for a lexer this module cannot follow: the group is then parsed the
-    plain way (terminal callbacks, none in our grammar, would retype tokens)."""
-    patterns = tuple(lexer.scanner._mres)
-    if lexer.callback or not all(isinstance(pattern, re.Pattern) for pattern in patterns):
-        raise TypeError("a lexer with terminal callbacks or without Python regexes")
-    return _StateLexer(_first_match(patterns), frozenset(lexer.ignore_types),
-                       frozenset(lexer.newline_types))
 
 
 @lru_cache(maxsize=2)
 def _lark_parts(parser: Lark) -> _LarkParts | None:
     return _LarkParts.of(parser)
+
+
+# ---------------------------------------------------------------- parsing groups
 
 
 class ShapeParser:
@@ -179,19 +212,22 @@ class ShapeParser:
         parts = _lark_parts(parser)
         return ShapeParser(parts) if parts is not None else None
 
+    def shape_of(self, text: str) -> str:
+        """The shape of ``text`` (the text itself if digits are not interchangeable); of the
+        same length, so a slice of it is the shape of the same slice of ``text``."""
+        if self.parts.digits_interchangeable:
+            return text.translate(_DIGITS_AS_ZERO)
+        return text
+
     def parse(self, text: str, shape: str) -> Any:
         """What ``Lark.parse(text)`` returns (for a group: its statements)."""
         known = self.shapes.get(shape)
         if known is not None:
-            tokens = self._relex(text, known)
-            if tokens is not None:
-                self.replayed += 1
-                return _replay(known.actions, tokens)
+            self.replayed += 1
+            return _replay(known.actions, _tokens(known, text))
         result, self.shapes[shape] = self._parse(text)
         self.parsed += 1
         return result
-
-    # ------------------------------------------------------------ parsing with Lark
 
     def _recorder(self, callback: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
         recorded = self.recorded
@@ -208,79 +244,36 @@ class ShapeParser:
         conf = parts.parse_conf_type(parts.parse_table, self.recording, "start")
         state = parts.parser_state_type(conf, None)
         lexer_state = parts.lexer_state_type(parts.text_slice_type(text, 0, len(text)))
-        lexemes: list[tuple[_StateLexer, str]] = []
-        end_lexer: list[_StateLexer] = []
+        lexed: set[int] = set()  # the tokens the lexer made (the postlexer adds others)
 
-        def lexed() -> Iterator[Token]:
+        def lexer_tokens() -> Iterator[Token]:
             while True:
-                position = state.position
                 try:
-                    token = parts.lark_lexers[position].next_token(lexer_state, state)
+                    token = parts.lexers[state.position].next_token(lexer_state, state)
                 except EOFError:
-                    end_lexer.append(parts.lexers[position])
                     return
-                lexemes.append((parts.lexers[position], token.type))
+                lexed.add(id(token))
                 yield token
 
         self.recorded.clear()
-        terminals: list[str] = []
+        tokens: list[RecordedToken] = []
         token = None
-        for token in parts.postlexer.process(lexed()):
-            terminals.append(token.type)
+        for token in parts.postlexer.process(lexer_tokens()):
             state.feed_token(token)
             self.recorded.append(SHIFT)
+            tokens.append((token.type, None if id(token) in lexed else token.value,
+                           token.start_pos, token.line, token.column, token.end_line,
+                           token.end_column, token.end_pos))
         end = Token.new_borrow_pos("$END", "", token) if token else Token("$END", "", 0, 1, 1)
         result = state.feed_token(end, True)
-        shape = Shape(tuple(lexemes), end_lexer[0], tuple(terminals), tuple(self.recorded))
-        return result, shape
-
-    # ------------------------------------------------------------ replaying
-
-    def _relex(self, text: str, shape: Shape) -> list[Token] | None:
-        """The tokens Lark would feed its parser for ``text`` if it lexes like ``shape``
-        (else None): the lexer's tokens, then the postlexer's stream."""
-        tokens = _lex(text, shape)
-        if tokens is None:
-            return None
-        try:
-            stream = list(self.parts.postlexer.process(iter(tokens)))
-        except Exception:  # noqa: BLE001 - the indenter refuses: Lark will say why
-            return None
-        if tuple(token.type for token in stream) != shape.terminals:
-            return None
-        return stream
+        return result, Shape(tuple(tokens), tuple(self.recorded))
 
 
-def _lex(text: str, shape: Shape) -> list[Token] | None:
-    """``BasicLexer.next_token`` with each recorded state's lexer: the same scanner, ignored
-    terminals skipped, positions as ``LineCounter.feed`` counts them. None when a terminal
-    differs or text is left over. (A long function: it is the lexer's inner loop.)"""
-    pos, line, line_start = 0, 1, 0
-    tokens: list[Token] = []
-    for lexer, terminal in shape.lexemes:
-        while True:
-            found = lexer.match(text, pos)
-            if found is None:
-                return None
-            value, kind = found.group(), found.lastgroup
-            start, start_line, start_column = pos, line, pos - line_start + 1
-            if kind in lexer.newline_types and "\n" in value:
-                line += value.count("\n")
-                line_start = pos + value.rindex("\n") + 1
-            pos = found.end()
-            if kind not in lexer.ignore_types:
-                break
-        if kind != terminal:
-            return None
-        tokens.append(Token(kind, value, start, start_line, start_column, line,
-                            pos - line_start + 1, pos))
-    lexer = shape.end_lexer
-    while pos < len(text):
-        found = lexer.match(text, pos)
-        if found is None or found.lastgroup not in lexer.ignore_types:
-            return None
-        pos = found.end()
-    return tokens
+def _tokens(shape: Shape, text: str) -> list[Token]:
+    """The tokens Lark feeds its parser for ``text``, a group of this shape."""
+    return [_new_token(kind, text[start:end] if value is None else value, start, line,
+                       column, end_line, end_column, end)
+            for kind, value, start, line, column, end_line, end_column, end in shape.tokens]
 
 
 def _replay(actions: tuple[Action, ...], tokens: list[Token]) -> Any:

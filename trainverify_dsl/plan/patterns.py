@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 
 from trainverify_dsl.parse import ast
 from trainverify_dsl.plan.model import (
@@ -30,15 +31,21 @@ def _segment(seg: ast.Segment) -> PatternSegment:
     raise AssertionError(f"unknown path segment {seg!r}")
 
 
+#: Names and indices are values: the same name is one ``NameSeg`` (a plan repeats a few dozen
+#: names and indices tens of thousands of times).
+_name_segment = lru_cache(maxsize=4096)(NameSeg)
+_index_segment = lru_cache(maxsize=4096)(IndexSeg)
+
+
 def _segments(segments: tuple[ast.Segment, ...]) -> tuple[PatternSegment, ...]:
     """``_segment`` of each, names and indices (nearly all of them) without the ``match``."""
     result = []
     for seg in segments:
         kind = type(seg)
         if kind is ast.Name:
-            result.append(NameSeg(seg.name))
+            result.append(_name_segment(seg.name))
         elif kind is ast.Index:
-            result.append(IndexSeg(seg.index))
+            result.append(_index_segment(seg.index))
         else:
             result.append(_segment(seg))
     return tuple(result)

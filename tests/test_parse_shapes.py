@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -129,8 +128,8 @@ def test_texts_of_one_shape_are_lexed_alike(line: str, digits: list[str]) -> Non
 
 def test_the_grammar_cannot_tell_digits_apart() -> None:
     lark, _ = get_parser_and_builder()
-    parts = shapes._lark_parts(lark)
-    assert parts is not None and parts.digits_interchangeable
+    groups = shapes.ShapeParser.of(lark)
+    assert groups is not None and groups.digits_interchangeable
 
 
 @pytest.mark.parametrize("regexp,interchangeable", [
@@ -146,11 +145,9 @@ def test_the_digit_check_on_examples(regexp: str, interchangeable: bool) -> None
 def test_without_interchangeable_digits_shapes_are_exact_texts(monkeypatch) -> None:
     """A grammar that could tell digits apart: only identical groups share a shape, and the
     parse is still the plain one."""
-    lark, _ = get_parser_and_builder()
-    parts = shapes._lark_parts(lark)
-    monkeypatch.setattr(shapes, "_lark_parts", lambda parser: replace(
-        parts, digits_interchangeable=False))
+    monkeypatch.setattr(shapes, "digits_are_interchangeable", lambda regexps: False)
     text = "split layers.1.w [tp, -]\nsplit layers.7.w [tp, -]\nsplit layers.7.w [tp, -]\n"
+    lark, _ = get_parser_and_builder()
     groups = shapes.ShapeParser.of(lark)
     assert groups is not None and groups.shape_of(text) == text
     assert group_counts(text) == (2, 1)

@@ -17,6 +17,7 @@ no offset because chunks start at the beginning of a line.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
@@ -77,19 +78,28 @@ class _Shard:
     span: Span
 
 
+#: Told of every builder call, as ``observer(method, raw, parts, result)``.
+Observer = Callable[[Callable[[list[Any], list[Any]], Any], list[Any], list[Any], Any], None]
+
+
 class InlineCallbacks:
     """The object Lark calls on each reduction: ``rule(children)`` ->
-    ``builder.rule(children, parts)``."""
+    ``builder.rule(children, parts)``. An ``observer``, when set, is told of every call
+    (``parse.shapes`` records a statement's builder calls with it)."""
 
     def __init__(self, builder: AstBuilder) -> None:
+        self.observer: Observer | None = None
         for name in RULE_METHODS:
-            setattr(self, name, _adapter(getattr(builder, name)))
+            setattr(self, name, _adapter(self, getattr(builder, name)))
 
 
-def _adapter(method):
+def _adapter(callbacks: InlineCallbacks, method):
     def callback(children: list[Any]):
         parts = [c for c in children if not isinstance(c, Token) or c.type in VALUE_TOKENS]
-        return method(children, parts)
+        result = method(children, parts)
+        if callbacks.observer is not None:
+            callbacks.observer(method, children, parts, result)
+        return result
     return callback
 
 
@@ -354,7 +364,10 @@ class AstBuilder:
             end = start + len(word)
             span = Span(self.file, line, column + start, line, column + end, pos + start,
                         pos + end)
-            segments.append(self._word(token, word, span))
+            if word.isidentifier():  # a name (the glob and index characters are not)
+                segments.append(ast.Name(word, span))
+            else:
+                segments.append(self._word(token, word, span))
             start = end + 1
         return tuple(segments)
 

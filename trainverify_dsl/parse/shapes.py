@@ -1,43 +1,43 @@
-"""Statement shapes: Lark parses each distinct shape of statement once per file, and its parse
-is replayed for the other statements of that shape.
+"""Statement shapes: Lark parses each distinct shape of statement once per file, and the builder
+calls of that parse are replayed for the other statements of the shape.
 
 A plan is line-oriented and repetitive: a search tool writes the same statements for a
 thousand layers, differing in numbers only (``split layers.17.attention.wq.weight [tp, -]``).
 The parser (``parser._parse_by_shapes``) hands this module one top-level statement group at a
-time, with its *shape*: the group's text with every ASCII digit read as ``0`` (``shape_of``;
-the same length as the text, so a slice of a file's shape is the shape of the slice).
+time, with its *shape*: the group's text with every ASCII digit read as ``0`` (the same
+length as the text, so a slice of a file's shape is the shape of that slice).
 
 Why a shape can be replayed. No terminal of the grammar can tell one digit from another:
-every character class in its regular expressions holds all ten digits or none, and no literal
-is a digit (``digits_are_interchangeable`` checks this on the terminals of the parser in use;
-if it failed, shapes would be the exact texts instead). So two groups of one shape are lexed
-alike by Lark's contextual lexer: in every parser state the same terminals match at the same
-positions, the ``TvpIndenter`` sees the same indentation, lines and columns are the same.
-Their terminals being the same, Lark's LALR parser takes the same actions on both. Only the
-token values differ, in their digits.
+every character class of its regular expressions holds all ten digits or none, no literal is
+a digit, nothing refers back (``digits_are_interchangeable`` checks the terminals of the parser
+in use; if the check fails, a shape is the exact text instead). So Lark's contextual lexer
+lexes two groups of one shape alike: in every parser state the same terminal matches at the
+same place, the ``TvpIndenter`` sees the same indentation, lines and columns are the same. The
+terminals being the same, Lark's LALR parser takes the same actions, and its tree builder
+calls the same ``build.AstBuilder`` methods, in the same order, with the same tokens and
+results in the same places; only the tokens' values differ (in their digits).
 
-So the first group of a shape is parsed by Lark (its parse table, its contextual lexer, the
-postlexer, the callbacks Lark built around ``build.AstBuilder``), driven the way
-``Lark.parse`` drives them, while recording the tokens it fed the parser (``Shape.tokens``)
-and its actions (shift, or reduce: this callback over this many values). A later group of
-the shape gets the recorded tokens with its own text in their values, and the recorded
-actions are replayed: the same callbacks, in the same order, on the new tokens. Lexing and
-the automaton's table look-ups are skipped; building the AST is not.
+So the first group of a shape is parsed by ``Lark.parse``, with an observer on the builder
+(``build.InlineCallbacks.observer``) recording every builder call (``Shape``): the method, and
+where each of its children came from (a token, recorded with its type and positions, or the
+result of an earlier call). A later group of the shape gets the recorded tokens, with values
+from its own text, and the recorded calls are made again on them: Lark's lexer, its automaton
+and its tree-building wrappers are skipped, the builder runs as always.
 
 Nothing here makes a diagnostic: any exception (a syntax error, a ``BuildError``) propagates,
-and the caller parses the file the plain way, which reports it (a shape is recorded only
-from a parse that succeeded). ``ShapeParser.of`` returns None for a Lark whose internals are
-not the ones used here (``lark`` 1.3), and the caller then parses the plain way too.
+and the caller parses the file the plain way, which reports it (a shape is recorded only from
+a parse that succeeded).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from lark import Lark, Token
+
+from trainverify_dsl.parse.build import InlineCallbacks
 
 #: Every ASCII digit read as ``0``.
 _DIGITS_AS_ZERO = str.maketrans("123456789", "000000000")
@@ -46,25 +46,131 @@ _DIGITS_AS_ZERO = str.maketrans("123456789", "000000000")
 #: deprecated ``type_`` keyword), which makes the same token without that second call.
 _new_token = getattr(Token, "_future_new", Token)
 
-#: The action "shift the next token" in ``Shape.actions`` (a reduction is a pair).
-SHIFT = None
-
-Action = tuple[Callable[[list[Any]], Any], int] | None
-
 #: (type, value or None for "the group's text from start to end", start, line, column,
-#: end line, end column, end): a token as Lark fed it to the parser.
+#: end line, end column, end): a token as Lark fed it to the builder.
 RecordedToken = tuple[str, str | None, int, int, int, int, int, int]
+#: (builder method, where each raw child comes from: ``k >= 0`` the k-th recorded token,
+#: ``k < 0`` the result of call ``~k``; the positions of the meaningful children in raw).
+Call = tuple[Callable[[list[Any], list[Any]], Any], tuple[int, ...], tuple[int, ...]]
 
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """What Lark did with one statement group."""
+    """What the builder was asked to do for one statement group; the last call's result is
+    the parse's."""
 
-    #: the tokens the parser was fed, after the postlexer (its ``_INDENT`` and ``_DEDENT``
-    #: carry their own value; a lexer token's value is the group's text at its place)
     tokens: tuple[RecordedToken, ...]
-    #: the parser's actions in order: ``SHIFT``, or (callback, number of values reduced)
-    actions: tuple[Action, ...]
+    calls: tuple[Call, ...]
+
+
+class ShapeParser:
+    """Parses the statement groups of one file, each shape through Lark once (not
+    thread-safe: Lark's parser and the builder are shared, ``grammar.get_parser_and_builder``
+    says how that is serialised)."""
+
+    def __init__(self, parser: Lark, callbacks: InlineCallbacks) -> None:
+        self.parser = parser
+        self.callbacks = callbacks
+        self.digits_interchangeable = digits_are_interchangeable(
+            terminal.pattern.to_regexp() for terminal in parser.terminals)
+        self.shapes: dict[str, Shape | None] = {}
+        #: how many groups were parsed by Lark and how many replayed (for tests and benches)
+        self.parsed = self.replayed = 0
+
+    @staticmethod
+    def of(parser: Lark) -> ShapeParser | None:
+        """A parser for one file's groups; None unless Lark calls ``build.AstBuilder``
+        through ``InlineCallbacks`` (the parser of ``grammar.get_parser_and_builder``)."""
+        callbacks = getattr(parser.options, "transformer", None)
+        return ShapeParser(parser, callbacks) if isinstance(callbacks, InlineCallbacks) else None
+
+    def shape_of(self, text: str) -> str:
+        """The shape of ``text`` (the text itself if digits are not interchangeable); of the
+        same length, so a slice of it is the shape of the same slice of ``text``."""
+        if self.digits_interchangeable:
+            return text.translate(_DIGITS_AS_ZERO)
+        return text
+
+    def parse(self, text: str, shape: str) -> Any:
+        """What ``Lark.parse(text)`` returns (for a group: its statements)."""
+        known = self.shapes.get(shape)
+        if known is not None:
+            self.replayed += 1
+            return _replay(known, text)
+        recorder = _Recorder(text)
+        self.callbacks.observer = recorder.observe
+        try:
+            result = self.parser.parse(text)
+        finally:
+            self.callbacks.observer = None
+        self.parsed += 1
+        self.shapes[shape] = recorder.shape(result)
+        return result
+
+
+class _Recorder:
+    """Watches the builder calls of one ``Lark.parse`` and makes them a ``Shape``."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens: list[RecordedToken] = []
+        self.calls: list[Call] = []
+        #: id of a token or result -> its reference (both kept alive, so ids stay unique)
+        self.refs: dict[int, int] = {}
+        self.alive: list[Any] = []
+        self.complete = True
+
+    def observe(self, method: Callable[[list[Any], list[Any]], Any], raw: list[Any],
+                parts: list[Any], result: Any) -> None:
+        refs = tuple(self._ref(child) for child in raw)
+        positions = _positions(raw, parts)
+        self.calls.append((method, refs, positions))
+        self.refs[id(result)] = ~(len(self.calls) - 1)
+        self.alive.append(result)
+
+    def _ref(self, child: Any) -> int:
+        ref = self.refs.get(id(child))
+        if ref is not None:
+            return ref
+        if not isinstance(child, Token):
+            self.complete = False  # neither a token nor a builder result: cannot replay
+            return 0
+        text = self.text[child.start_pos:child.end_pos]
+        self.tokens.append((child.type, None if child.value == text else child.value,
+                            child.start_pos, child.line, child.column, child.end_line,
+                            child.end_column, child.end_pos))
+        self.refs[id(child)] = len(self.tokens) - 1
+        self.alive.append(child)
+        return len(self.tokens) - 1
+
+    def shape(self, result: Any) -> Shape | None:
+        """The shape, if every child was accounted for and the last call made the result."""
+        if not (self.complete and self.calls and self.refs.get(id(result)) == ~(
+                len(self.calls) - 1)):
+            return None
+        return Shape(tuple(self.tokens), tuple(self.calls))
+
+
+def _positions(raw: list[Any], parts: list[Any]) -> tuple[int, ...]:
+    """Where each of ``parts`` (a subsequence of ``raw``) stands in ``raw``."""
+    positions, start = [], 0
+    for part in parts:
+        start = next(i for i in range(start, len(raw)) if raw[i] is part)
+        positions.append(start)
+        start += 1
+    return tuple(positions)
+
+
+def _replay(shape: Shape, text: str) -> Any:
+    """The recorded builder calls on this group's tokens: the last one's result."""
+    tokens = [_new_token(kind, text[start:end] if value is None else value, start, line,
+                         column, end_line, end_column, end)
+              for kind, value, start, line, column, end_line, end_column, end in shape.tokens]
+    results: list[Any] = []
+    for method, refs, positions in shape.calls:
+        raw = [tokens[ref] if ref >= 0 else results[~ref] for ref in refs]
+        results.append(method(raw, [raw[i] for i in positions]))
+    return results[-1]
 
 
 # ---------------------------------------------------------------- which texts share a shape
@@ -140,156 +246,3 @@ def _uniform_class(items: Any) -> bool:
         else:
             return False
     return len(held) in (0, len(_DIGIT_CODES))
-
-
-# ---------------------------------------------------------------- Lark's parts
-
-
-@dataclass(frozen=True, slots=True)
-class _LarkParts:
-    """The pieces of a Lark LALR parser with a contextual lexer that a parse is made of."""
-
-    parse_conf_type: type
-    parser_state_type: type
-    lexer_state_type: type
-    text_slice_type: type
-    parse_table: Any
-    callbacks: dict[Any, Callable[[list[Any]], Any]]
-    #: parser state -> the contextual lexer's lexer for it (``lark.lexer.BasicLexer``)
-    lexers: dict[int, Any]
-    postlexer: Any
-    #: whether texts that differ in their digits only are lexed alike (module docstring)
-    digits_interchangeable: bool
-
-    @staticmethod
-    def of(parser: Lark) -> _LarkParts | None:
-        try:
-            from lark.lexer import ContextualLexer, LexerState
-            from lark.parser_frontends import PostLexConnector
-            from lark.parsers.lalr_parser_state import ParseConf, ParserState
-            from lark.utils import TextSlice
-
-            frontend = parser.parser
-            connector, lalr = frontend.lexer, frontend.parser.parser
-            contextual = connector.lexer
-            if not (isinstance(connector, PostLexConnector)
-                    and isinstance(contextual, ContextualLexer)):
-                return None
-            if any(isinstance(key, str) for key in lalr.callbacks):
-                return None  # callbacks on shifted terminals (none in our grammar)
-            regexps = [terminal.pattern.to_regexp() for terminal in parser.terminals]
-            return _LarkParts(ParseConf, ParserState, LexerState, TextSlice, lalr.parse_table,
-                              lalr.callbacks, contextual.lexers, connector.postlexer,
-                              digits_are_interchangeable(regexps))
-        except (ImportError, AttributeError):
-            return None
-
-
-@lru_cache(maxsize=2)
-def _lark_parts(parser: Lark) -> _LarkParts | None:
-    return _LarkParts.of(parser)
-
-
-# ---------------------------------------------------------------- parsing groups
-
-
-class ShapeParser:
-    """Parses statement groups of one file, each shape through Lark once (not thread-safe:
-    the callbacks share one builder, as ``grammar.get_parser_and_builder`` says)."""
-
-    def __init__(self, parts: _LarkParts) -> None:
-        self.parts = parts
-        self.shapes: dict[str, Shape] = {}
-        self.recorded: list[Action] = []
-        self.recording = {rule: self._recorder(callback)
-                          for rule, callback in parts.callbacks.items()}
-        #: how many groups were parsed by Lark and how many replayed (for tests and benches)
-        self.parsed = self.replayed = 0
-
-    @staticmethod
-    def of(parser: Lark) -> ShapeParser | None:
-        """A parser for one file's groups, or None for a Lark this module does not know."""
-        parts = _lark_parts(parser)
-        return ShapeParser(parts) if parts is not None else None
-
-    def shape_of(self, text: str) -> str:
-        """The shape of ``text`` (the text itself if digits are not interchangeable); of the
-        same length, so a slice of it is the shape of the same slice of ``text``."""
-        if self.parts.digits_interchangeable:
-            return text.translate(_DIGITS_AS_ZERO)
-        return text
-
-    def parse(self, text: str, shape: str) -> Any:
-        """What ``Lark.parse(text)`` returns (for a group: its statements)."""
-        known = self.shapes.get(shape)
-        if known is not None:
-            self.replayed += 1
-            return _replay(known.actions, _tokens(known, text))
-        result, self.shapes[shape] = self._parse(text)
-        self.parsed += 1
-        return result
-
-    def _recorder(self, callback: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
-        recorded = self.recorded
-
-        def record(children: list[Any]) -> Any:
-            recorded.append((callback, len(children)))
-            return callback(children)
-        return record
-
-    def _parse(self, text: str) -> tuple[Any, Shape]:
-        """Lark's parse of ``text`` (``lark.parsers.lalr_parser._Parser.parse_from_state``
-        fed by ``ContextualLexer.lex`` through the postlexer), recorded."""
-        parts = self.parts
-        conf = parts.parse_conf_type(parts.parse_table, self.recording, "start")
-        state = parts.parser_state_type(conf, None)
-        lexer_state = parts.lexer_state_type(parts.text_slice_type(text, 0, len(text)))
-        lexed: set[int] = set()  # the tokens the lexer made (the postlexer adds others)
-
-        def lexer_tokens() -> Iterator[Token]:
-            while True:
-                try:
-                    token = parts.lexers[state.position].next_token(lexer_state, state)
-                except EOFError:
-                    return
-                lexed.add(id(token))
-                yield token
-
-        self.recorded.clear()
-        tokens: list[RecordedToken] = []
-        token = None
-        for token in parts.postlexer.process(lexer_tokens()):
-            state.feed_token(token)
-            self.recorded.append(SHIFT)
-            tokens.append((token.type, None if id(token) in lexed else token.value,
-                           token.start_pos, token.line, token.column, token.end_line,
-                           token.end_column, token.end_pos))
-        end = Token.new_borrow_pos("$END", "", token) if token else Token("$END", "", 0, 1, 1)
-        result = state.feed_token(end, True)
-        return result, Shape(tuple(tokens), tuple(self.recorded))
-
-
-def _tokens(shape: Shape, text: str) -> list[Token]:
-    """The tokens Lark feeds its parser for ``text``, a group of this shape."""
-    return [_new_token(kind, text[start:end] if value is None else value, start, line,
-                       column, end_line, end_column, end)
-            for kind, value, start, line, column, end_line, end_column, end in shape.tokens]
-
-
-def _replay(actions: tuple[Action, ...], tokens: list[Token]) -> Any:
-    """The value ``ParserState.feed_token`` would return after these actions."""
-    values: list[Any] = []
-    shifted = 0
-    for action in actions:
-        if action is SHIFT:
-            values.append(tokens[shifted])
-            shifted += 1
-            continue
-        callback, size = action
-        if size:
-            children = values[-size:]
-            del values[-size:]
-        else:
-            children = []
-        values.append(callback(children))
-    return values[-1]

@@ -27,7 +27,7 @@ from lark import Token
 from trainverify_dsl.parse import ast
 from trainverify_dsl.report import codes_syntax as codes
 from trainverify_dsl.report.diagnostics import Code
-from trainverify_dsl.report.span import Span
+from trainverify_dsl.report.span import Span, new_span
 
 #: Deepest nesting of expressions, tuples and blocks accepted.
 MAX_NESTING = 100
@@ -120,9 +120,9 @@ class AstBuilder:
     def span(self, where: Token | list[Any]) -> Span:
         """The file span of a token, or of a reduction's raw children (first to last)."""
         if isinstance(where, Token):
-            return Span(self.file, where.line + self.line_offset, where.column,
-                        where.end_line + self.line_offset, where.end_column,
-                        where.start_pos + self.pos_offset, where.end_pos + self.pos_offset)
+            return new_span(self.file, where.line + self.line_offset, where.column,
+                            where.end_line + self.line_offset, where.end_column,
+                            where.start_pos + self.pos_offset, where.end_pos + self.pos_offset)
         first, last = where[0], where[-1]
         if isinstance(first, Token):
             line, col, pos = first.line + self.line_offset, first.column, first.start_pos
@@ -134,7 +134,7 @@ class AstBuilder:
             end_pos = last.end_pos + self.pos_offset
         else:
             end_line, end_col, end_pos = last.span.end_line, last.span.end_col, last.span.end_pos
-        return Span(self.file, line, col, end_line, end_col, pos, end_pos)
+        return new_span(self.file, line, col, end_line, end_col, pos, end_pos)
 
     def _nested(self, node: Any, *children: Any) -> Any:
         """Record ``node``'s nesting depth; refuse it beyond ``MAX_NESTING``."""
@@ -362,8 +362,8 @@ class AstBuilder:
         start = 0
         for word in text.split("."):
             end = start + len(word)
-            span = Span(self.file, line, column + start, line, column + end, pos + start,
-                        pos + end)
+            span = new_span(self.file, line, column + start, line, column + end,
+                            pos + start, pos + end)
             if word.isidentifier():  # a name (the glob and index characters are not)
                 segments.append(ast.Name(word, span))
             else:
@@ -395,8 +395,8 @@ class AstBuilder:
         """The span of ``token[start:end]`` (paths never span lines)."""
         line = token.line + self.line_offset
         pos = token.start_pos + self.pos_offset
-        return Span(self.file, line, token.column + start, line, token.column + end,
-                    pos + start, pos + end)
+        return new_span(self.file, line, token.column + start, line, token.column + end,
+                        pos + start, pos + end)
 
     def over(self, raw, children) -> _Axes:
         return _Axes(tuple(self.ident(t) for t in children), self.span(raw))

@@ -144,7 +144,8 @@ def _pattern_text(segments: tuple[PatternSegment, ...]) -> str:
         if kind is SliceSeg or (kind is IndexSeg and seg.index < 0):
             piece = f"[{_segment_text(seg)}]"
         else:
-            part = seg.name if kind is NameSeg else _segment_text(seg)
+            part = (seg.name if kind is NameSeg else str(seg.index) if kind is IndexSeg
+                    else _segment_text(seg))
             piece = "." + part if started else part
         pieces.append(piece)
         started = started or bool(piece)

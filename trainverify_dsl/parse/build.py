@@ -339,35 +339,36 @@ class AstBuilder:
         return ast.GradRef(children[0], self.span(raw))
 
     def path(self, raw, children) -> ast.Path:
-        token = children[0]
-        return ast.Path(self._segments(token), self.span(token))
+        return self._path(children[0])
 
     def value_path(self, raw, children) -> ast.Path:
-        token = children[0]
-        return ast.Path(self._segments(token), self.span(token))
+        return self._path(children[0])
 
-    def _segments(self, token: Token) -> tuple[ast.Segment, ...]:
-        """Split a PATH token: ``layers[0:8].*.wq`` -> Name, Slice, Glob, Name."""
+    def _path(self, token: Token) -> ast.Path:
+        span = self.span(token)
+        return ast.Path(self._segments(token, span), span)
+
+    def _segments(self, token: Token, span: Span) -> tuple[ast.Segment, ...]:
+        """Split a PATH token (at ``span``): ``layers[0:8].*.wq`` -> Name, Slice, Glob, Name."""
         text = str(token)
         if "[" not in text:  # the common case: words between dots, read without a regex
-            return self._dotted_segments(token, text)
+            return self._dotted_segments(token, text, span)
         return tuple(self._segment(token, match) for match in _SEGMENT.finditer(text))
 
-    def _dotted_segments(self, token: Token, text: str) -> tuple[ast.Segment, ...]:
+    def _dotted_segments(self, token: Token, text: str, span: Span) -> tuple[ast.Segment, ...]:
         """``_segments`` of a path without brackets: what ``_SEGMENT`` finds, one word per
         dot-separated part (PATH has no empty part)."""
-        line = token.line + self.line_offset
-        column, pos = token.column, token.start_pos + self.pos_offset
-        segments = []
+        line, column, pos = span.line, span.col, span.start_pos
+        segments: list[ast.Segment] = []
         start = 0
         for word in text.split("."):
             end = start + len(word)
-            span = new_span(self.file, line, column + start, line, column + end,
-                            pos + start, pos + end)
+            word_span = new_span(self.file, line, column + start, line, column + end,
+                                 pos + start, pos + end)
             if word.isidentifier():  # a name (the glob and index characters are not)
-                segments.append(ast.Name(word, span))
+                segments.append(ast.Name(word, word_span))
             else:
-                segments.append(self._word(token, word, span))
+                segments.append(self._word(token, word, word_span))
             start = end + 1
         return tuple(segments)
 

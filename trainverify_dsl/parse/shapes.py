@@ -48,7 +48,7 @@ _new_token = getattr(Token, "_future_new", Token)
 
 #: (type, value or None for "the group's text from start to end", start, line, column,
 #: end line, end column, end): a token as Lark fed it to the builder.
-RecordedToken = tuple[str, str | None, int, int, int, int, int, int]
+RecordedToken = tuple[str, str | None, Any, Any, Any, Any, Any, Any]
 #: (builder method, where each raw child comes from: ``k >= 0`` the k-th recorded token,
 #: ``k < 0`` the result of call ``~k``; the positions of the meaningful children in raw).
 Call = tuple[Callable[[list[Any], list[Any]], Any], tuple[int, ...], tuple[int, ...]]

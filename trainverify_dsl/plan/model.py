@@ -140,12 +140,11 @@ def _pattern_text(segments: tuple[PatternSegment, ...]) -> str:
     pieces: list[str] = []
     started = False  # whether the text so far is not empty
     for seg in segments:
-        kind = type(seg)
-        if kind is SliceSeg or (kind is IndexSeg and seg.index < 0):
+        if isinstance(seg, SliceSeg) or (isinstance(seg, IndexSeg) and seg.index < 0):
             piece = f"[{_segment_text(seg)}]"
         else:
-            part = (seg.name if kind is NameSeg else str(seg.index) if kind is IndexSeg
-                    else _segment_text(seg))
+            part = (seg.name if isinstance(seg, NameSeg) else str(seg.index)
+                    if isinstance(seg, IndexSeg) else _segment_text(seg))
             piece = "." + part if started else part
         pieces.append(piece)
         started = started or bool(piece)

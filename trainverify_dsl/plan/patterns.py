@@ -39,12 +39,11 @@ _index_segment = lru_cache(maxsize=4096)(IndexSeg)
 
 def _segments(segments: tuple[ast.Segment, ...]) -> tuple[PatternSegment, ...]:
     """``_segment`` of each, names and indices (nearly all of them) without the ``match``."""
-    result = []
+    result: list[PatternSegment] = []
     for seg in segments:
-        kind = type(seg)
-        if kind is ast.Name:
+        if isinstance(seg, ast.Name):
             result.append(_name_segment(seg.name))
-        elif kind is ast.Index:
+        elif isinstance(seg, ast.Index):
             result.append(_index_segment(seg.index))
         else:
             result.append(_segment(seg))

@@ -137,6 +137,19 @@ def _segment_text(seg: PatternSegment) -> str:
 def _pattern_text(segments: tuple[PatternSegment, ...]) -> str:
     """``layers.3.wq``, ``layers[0:8]``, ``layers[-1]``: names, globs and indices joined by
     dots, slices and negative indices in brackets."""
+    words = []
+    for seg in segments:  # the common case first: names and indices, joined by dots
+        if isinstance(seg, NameSeg) and seg.name:
+            words.append(seg.name)
+        elif isinstance(seg, IndexSeg) and seg.index >= 0:
+            words.append(str(seg.index))
+        else:
+            return _bracketed_text(segments)
+    return ".".join(words)
+
+
+def _bracketed_text(segments: tuple[PatternSegment, ...]) -> str:
+    """``_pattern_text`` in general."""
     pieces: list[str] = []
     started = False  # whether the text so far is not empty
     for seg in segments:

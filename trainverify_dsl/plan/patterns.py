@@ -76,8 +76,9 @@ def invalid_segment(node: ast.Path | ast.GradRef) -> BadSegment | None:
     index beyond ``MAX_INDEX``, if any."""
     path = node.path if isinstance(node, ast.GradRef) else node
     for seg in path.segments:
-        if type(seg) is ast.Name:  # nothing to check, and most segments are names
-            continue
+        if isinstance(seg, ast.Name) or (isinstance(seg, ast.Index)
+                                         and abs(seg.index) <= MAX_INDEX):
+            continue  # nearly every segment
         if isinstance(seg, ast.Slice) and seg.step == 0:
             return BadSegment(seg.span, "slice step cannot be zero",
                               "use a positive step such as [0:8:2]")

@@ -24,6 +24,13 @@ from trainverify_dsl.parse.errors import EXAMPLES  # noqa: E402
 from trainverify_dsl.parse.grammar import get_parser_and_builder  # noqa: E402
 
 PLANS = corpus()
+
+
+@pytest.fixture(autouse=True)
+def every_file_by_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 1 for every file here, however little it repeats itself (the real threshold
+    sends most small files straight to the plain parse, which would test nothing)."""
+    monkeypatch.setattr(parser, "MAX_DISTINCT_SHAPES", 1.0)
 GOLDEN = sorted((ROOT / "tests" / "golden").rglob("*.tvp"))
 SNIPPETS = [snippet for example in EXAMPLES for snippet in example.snippets]
 BENCH_PLAN, _ = generate_plan(10_000)
@@ -88,6 +95,14 @@ def test_statements_differing_in_numbers_share_a_shape() -> None:
 QUICK = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 
 
+def test_shapes_are_used_where_a_file_repeats_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parser, "MAX_DISTINCT_SHAPES", 0.25)
+    assert parser._parse_by_shapes(BENCH_PLAN, "bench.tvp") is not None
+    small = dict(PLANS)["plans/llama3_8b_3d.tvp"]
+    assert parser._parse_by_shapes(small, "small.tvp") is None
+    assert_same_parse(small)
+
+
 @QUICK
 @given(plan=st.sampled_from(PLANS), seed=st.integers(0, 2**32 - 1))
 def test_mutated_plans_parse_the_same(plan: tuple[str, str], seed: int) -> None:
@@ -145,7 +160,7 @@ def test_the_digit_check_on_examples(regexp: str, interchangeable: bool) -> None
 def test_without_interchangeable_digits_shapes_are_exact_texts(monkeypatch) -> None:
     """A grammar that could tell digits apart: only identical groups share a shape, and the
     parse is still the plain one."""
-    monkeypatch.setattr(shapes, "digits_are_interchangeable", lambda regexps: False)
+    monkeypatch.setattr(shapes, "_terminals_ignore_digits", lambda parser: False)
     text = "split layers.1.w [tp, -]\nsplit layers.7.w [tp, -]\nsplit layers.7.w [tp, -]\n"
     lark, _ = get_parser_and_builder()
     groups = shapes.ShapeParser.of(lark)

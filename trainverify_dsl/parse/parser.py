@@ -2,9 +2,10 @@
 
 Never raises on any input text. Strategy:
 
-1. Parse the file statement group by statement group (see 2), each distinct shape of group
-   through Lark once and the parse replayed for the groups of the same shape
-   (``parse.shapes``): a valid file's AST, as fast as it gets. Any error: forget it, and
+1. If the file repeats itself (most statement groups, see 3, have the shape of an earlier
+   one: the same text but for the digits), parse it group by group, each distinct shape
+   through Lark once and its builder calls replayed for the other groups of that shape
+   (``parse.shapes``): a valid file's AST, in half the time. Any error: forget it, and
 2. parse the whole file at once (a valid file parses, and gives the same AST: the groups are
    a partition of the file at statement boundaries, chunks as below);
 3. on any error, split the file into top-level statement groups (a line starting at
@@ -14,7 +15,7 @@ Never raises on any input text. Strategy:
    stays exact - and the group is parsed again, until it parses or nothing is left. So one
    run reports every syntax error and ``plan_file`` keeps every statement that parsed.
 
-Between the two, a file that fails to parse and does not look like a plan (fewer than half
+Between 2 and 3, a file that fails to parse and does not look like a plan (fewer than half
 of its lines start with a statement keyword or a near miss of one: ``looks_like_a_plan``)
 is not recovered: it gets one TVP110 diagnostic at 1:1 that quotes none of it, and an empty
 ``plan_file``. It may be anything (a `.env` file reached through ``use`` or a symlink, a
@@ -43,6 +44,10 @@ from trainverify_dsl.report.span import Span
 
 #: Reparse attempts per top-level statement group before giving up on the group.
 MAX_ATTEMPTS_PER_GROUP = 50
+#: Statement shapes pay off when at most this share of a file's statement groups have a shape
+#: of their own: Lark parsing a group alone costs about 2.5 times its share of a whole-file
+#: parse, a replay about 0.4 times (``bench/lint_bench.py``, ``tests/test_parse_shapes.py``).
+MAX_DISTINCT_SHAPES = 0.25
 
 #: Parses share one parser and builder (see ``grammar.get_parser_and_builder``).
 _PARSE_LOCK = threading.RLock()
@@ -165,8 +170,9 @@ def _binary_diagnostic(data: bytes, file: str) -> Diagnostic:
 
 
 def _parse_by_shapes(source: str, file: str) -> tuple[ast.Statement, ...] | None:
-    """Step 1: the statement groups, through ``parse.shapes``; None on any error (or a Lark
-    that module does not know), which the plain parse then reports."""
+    """Step 1: the statement groups, through ``parse.shapes``, if the file repeats itself
+    enough to gain by it; None otherwise, or on any error (or a Lark that module does not
+    know), and the plain parse then runs (and reports the error)."""
     if _first_line_indented(source):
         return None
     parser, builder = get_parser_and_builder()
@@ -174,9 +180,13 @@ def _parse_by_shapes(source: str, file: str) -> tuple[ast.Statement, ...] | None
     if groups is None:
         return None
     source_shape = groups.shape_of(source)
+    bounds = list(_group_bounds(source))
+    distinct = {source_shape[start:end] for _, start, end in bounds}
+    if len(distinct) > MAX_DISTINCT_SHAPES * len(bounds):
+        return None
     statements: list[ast.Statement] = []
     try:
-        for first_line, start, end in _group_bounds(source):
+        for first_line, start, end in bounds:
             builder.reset(file, first_line, start)
             statements.extend(groups.parse(source[start:end], source_shape[start:end]))
     except Exception:  # noqa: BLE001 - any failure: parse the plain way below

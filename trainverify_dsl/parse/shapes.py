@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from lark import Lark, Token
@@ -71,8 +72,7 @@ class ShapeParser:
     def __init__(self, parser: Lark, callbacks: InlineCallbacks) -> None:
         self.parser = parser
         self.callbacks = callbacks
-        self.digits_interchangeable = digits_are_interchangeable(
-            terminal.pattern.to_regexp() for terminal in parser.terminals)
+        self.digits_interchangeable = _terminals_ignore_digits(parser)
         self.shapes: dict[str, Shape | None] = {}
         #: how many groups were parsed by Lark and how many replayed (for tests and benches)
         self.parsed = self.replayed = 0
@@ -174,6 +174,13 @@ def _replay(shape: Shape, text: str) -> Any:
 
 
 # ---------------------------------------------------------------- which texts share a shape
+
+
+@lru_cache(maxsize=2)
+def _terminals_ignore_digits(parser: Lark) -> bool:
+    """``digits_are_interchangeable`` for the parser's terminals (once per parser)."""
+    return digits_are_interchangeable(terminal.pattern.to_regexp()
+                                      for terminal in parser.terminals)
 
 
 def digits_are_interchangeable(regexps: Iterable[str]) -> bool:

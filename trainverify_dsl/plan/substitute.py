@@ -105,7 +105,7 @@ def value(node: ast.Value, env: Env) -> ast.Value:
 
 
 def options(nodes: tuple[ast.Option, ...], env: Env) -> tuple[ast.Option, ...]:
-    return tuple(replace(o, value=value(o.value, env)) for o in nodes)
+    return tuple(ast.Option(o.key, value(o.value, env), o.span) for o in nodes)
 
 
 def _idents(nodes: tuple[ast.Ident, ...], env: Env) -> tuple[ast.Ident, ...]:
@@ -117,7 +117,7 @@ def _idents(nodes: tuple[ast.Ident, ...], env: Env) -> tuple[ast.Ident, ...]:
 def _dims(nodes: tuple[ast.DimEntry, ...], env: Env) -> tuple[ast.DimEntry, ...]:
     if not any(a.name in env for d in nodes for a in d.axes):
         return nodes
-    return tuple(replace(d, axes=_idents(d.axes, env)) for d in nodes)
+    return tuple(ast.DimEntry(_idents(d.axes, env), d.span) for d in nodes)
 
 
 def _placement(node: ast.Placement, env: Env) -> ast.Placement:

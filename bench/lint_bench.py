@@ -43,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -338,10 +339,25 @@ def write_results(section: str) -> None:
 def section(report: str, verdict: str, lines: str) -> str:
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-    return (f"## {stamp}\n\nRecorded by `python bench/lint_bench.py`. Machine: `nproc` = "
-            f"{os.cpu_count()}, {platform.machine()}, Python {platform.python_version()}; load "
-            f"average {load} at the end of the run (shared with other jobs: compare the probe "
-            f"units). Generated plan: {lines}.\n\n{report}\n{verdict}")
+    about = textwrap.fill(
+        f"Recorded by `python bench/lint_bench.py`{_commit()}. Machine: `nproc` = "
+        f"{os.cpu_count()}, {platform.machine()}, Python {platform.python_version()}; load "
+        f"average {load} at the end of the run (shared with other jobs: compare the CPU times "
+        f"and the probe units). Generated plan: {lines}.", width=95)
+    return f"## {stamp}\n\n{about}\n\n{report}\n{verdict}"
+
+
+def _commit() -> str:
+    """`` at commit abc1234`` (with `` plus changes`` if the tree is dirty), or nothing."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True,
+                              check=False).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except OSError:
+        return ""
+    return f" at commit {commit}{' plus changes' if dirty else ''}" if commit else ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,8 +50,8 @@ _new_token = getattr(Token, "_future_new", Token)
 #: (type, value or None for "the group's text from start to end", start, line, column,
 #: end line, end column, end): a token as Lark fed it to the builder.
 RecordedToken = tuple[str, str | None, Any, Any, Any, Any, Any, Any]
-#: (builder method, where each raw child comes from: ``k >= 0`` the k-th recorded token,
-#: ``k < 0`` the result of call ``~k``; the positions of the meaningful children in raw).
+#: (builder method, where each raw child comes from: ``k`` is the k-th of the recorded tokens
+#: followed by the calls' results; the positions of the meaningful children in raw).
 Call = tuple[Callable[[list[Any], list[Any]], Any], tuple[int, ...], tuple[int, ...]]
 
 
@@ -125,7 +125,7 @@ class _Recorder:
         refs = tuple(self._ref(child) for child in raw)
         positions = _positions(raw, parts)
         self.calls.append((method, refs, positions))
-        self.refs[id(result)] = ~(len(self.calls) - 1)
+        self.refs[id(result)] = ~(len(self.calls) - 1)  # numbered once all tokens are known
         self.alive.append(result)
 
     def _ref(self, child: Any) -> int:
@@ -144,11 +144,15 @@ class _Recorder:
         return len(self.tokens) - 1
 
     def shape(self, result: Any) -> Shape | None:
-        """The shape, if every child was accounted for and the last call made the result."""
+        """The shape, if every child was accounted for and the last call made the result.
+        Results are numbered after the tokens: result ``~k`` becomes ``len(tokens) + k``."""
         if not (self.complete and self.calls and self.refs.get(id(result)) == ~(
                 len(self.calls) - 1)):
             return None
-        return Shape(tuple(self.tokens), tuple(self.calls))
+        count = len(self.tokens)
+        calls = tuple((method, tuple(ref if ref >= 0 else count + ~ref for ref in refs),
+                       positions) for method, refs, positions in self.calls)
+        return Shape(tuple(self.tokens), calls)
 
 
 def _positions(raw: list[Any], parts: list[Any]) -> tuple[int, ...]:
@@ -163,14 +167,13 @@ def _positions(raw: list[Any], parts: list[Any]) -> tuple[int, ...]:
 
 def _replay(shape: Shape, text: str) -> Any:
     """The recorded builder calls on this group's tokens: the last one's result."""
-    tokens = [_new_token(kind, text[start:end] if value is None else value, start, line,
+    values = [_new_token(kind, text[start:end] if value is None else value, start, line,
                          column, end_line, end_column, end)
               for kind, value, start, line, column, end_line, end_column, end in shape.tokens]
-    results: list[Any] = []
-    for method, refs, positions in shape.calls:
-        raw = [tokens[ref] if ref >= 0 else results[~ref] for ref in refs]
-        results.append(method(raw, [raw[i] for i in positions]))
-    return results[-1]
+    for method, refs, positions in shape.calls:  # each result is appended after the tokens
+        raw = [values[ref] for ref in refs]
+        values.append(method(raw, [raw[i] for i in positions]))
+    return values[-1]
 
 
 # ---------------------------------------------------------------- which texts share a shape

@@ -51,3 +51,15 @@ def test_module_entry_point_in_a_subprocess() -> None:
                           capture_output=True, text=True, check=False)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
+
+
+def test_a_command_imports_its_own_module_only() -> None:
+    """Start-up: ``tvp lint`` configures (and so imports) the lint module and no other."""
+    check = ("import sys\nfrom trainverify_dsl.cli.main import main\n"
+             "try:\n    main(['lint', '--help'])\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in sys.modules if m.startswith('trainverify_dsl.cli.')))")
+    done = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "['trainverify_dsl.cli.lint_cmd', " \
+        "'trainverify_dsl.cli.main']"

@@ -50,7 +50,8 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_the_wheel_carries_grammar_stdlib_and_models(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    wanted = {f"{DATA}/grammar/tvp.lark", f"{DATA}/stdlib/models/configs.json"}
+    wanted = {f"{DATA}/grammar/tvp.lark", f"{DATA}/grammar/tvp.tables.json",
+              f"{DATA}/stdlib/models/configs.json"}
     wanted |= {f"{DATA}/{p.relative_to(ROOT).as_posix()}"
                for pattern in ("stdlib/*.tvp", "stdlib/**/*.py")
                for p in ROOT.glob(pattern) if "__pycache__" not in p.parts}

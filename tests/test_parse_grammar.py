@@ -1,11 +1,25 @@
-"""The grammar file itself: LALR without conflicts, and in step with the AST builder."""
+"""The grammar file itself: LALR without conflicts, and in step with the AST builder; the
+generated tables (``grammar/tvp.tables.json``) in step with the grammar.
 
+    python tests/test_parse_grammar.py --update    # regenerate the tables after a grammar edit
+"""
+
+import json
 import re
+import sys
+from collections import deque
+from pathlib import Path
 
-from lark.parsers.lalr_analysis import LALR_Analyzer
+from lark import Lark
+from lark.parsers.lalr_analysis import LALR_Analyzer, Shift
 
-from trainverify_dsl.parse.build import RULE_METHODS, AstBuilder
-from trainverify_dsl.parse.grammar import GRAMMAR_FILE, _build, get_parser
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # when run as a script
+    sys.path.insert(0, str(ROOT))
+
+from trainverify_dsl.parse import grammar  # noqa: E402
+from trainverify_dsl.parse.build import RULE_METHODS, AstBuilder  # noqa: E402
+from trainverify_dsl.parse.grammar import GRAMMAR_FILE, _build, get_parser  # noqa: E402
 
 GRAMMAR = GRAMMAR_FILE.read_text(encoding="utf-8")
 
@@ -50,3 +64,66 @@ def test_runtime_build_leaves_lark_collision_analysis_switched_on():
 
     _build(AstBuilder(), strict=False)
     assert lark.lexer.has_interegular
+
+
+# ---------------------------------------------------------------- generated tables
+
+
+def canonical_tables(parser: Lark) -> tuple:
+    """The parser's LALR tables with states numbered in breadth-first order from the start
+    state (symbols sorted), and its terminals: equal for equal parsers, whatever numbering
+    Lark's set iteration gave a build."""
+    table = parser.parser.parser.parser.parse_table
+    number = {table.start_states[start]: i for i, start in enumerate(sorted(table.start_states))}
+    queue, rows = deque(number), []
+    while queue:
+        row = []
+        for symbol, (action, arg) in sorted(table.states[queue.popleft()].items()):
+            if action is Shift:
+                if arg not in number:
+                    number[arg] = len(number)
+                    queue.append(arg)
+                row.append((symbol, "shift", number[arg]))
+            else:
+                row.append((symbol, "reduce", str(arg), arg.alias, repr(arg.options)))
+        rows.append(tuple(row))
+    terminals = sorted((t.name, t.pattern.type, t.pattern.value, sorted(t.pattern.flags),
+                        t.priority) for t in parser.terminals)
+    ends = sorted((start, number[state]) for start, state in table.end_states.items())
+    return tuple(rows), len(table.states), ends, terminals, sorted(parser.lexer_conf.ignore)
+
+
+def test_the_shipped_tables_are_current():
+    assert grammar.read_tables() is not None, (
+        "grammar/tvp.tables.json does not match grammar/tvp.lark (or this Lark version): "
+        "run python tests/test_parse_grammar.py --update")
+
+
+def test_the_shipped_tables_load_into_the_tables_a_build_makes():
+    loaded = grammar._load_tables(AstBuilder())
+    assert loaded is not None
+    built = grammar._lark(AstBuilder(), strict=False)
+    assert canonical_tables(loaded) == canonical_tables(built)
+
+
+def test_the_runtime_parser_comes_from_the_tables():
+    assert get_parser().source_path == "<deserialized>"
+
+
+def test_tables_of_another_grammar_or_lark_are_ignored(tmp_path: Path):
+    tables = json.loads(grammar.TABLES_FILE.read_text(encoding="utf-8"))
+    for key, value in (("grammar_sha256", "0" * 64), ("lark", "0.0.1")):
+        stale = tmp_path / f"{key}.json"
+        stale.write_text(json.dumps({**tables, "stamp": {**tables["stamp"], key: value}}))
+        assert grammar.read_tables(stale) is None
+    broken = tmp_path / "broken.json"
+    broken.write_text(grammar.TABLES_FILE.read_text(encoding="utf-8")[:1000])
+    assert grammar.read_tables(broken) is None
+    assert grammar.read_tables(tmp_path / "missing.json") is None
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--update"]:
+        sys.exit("usage: python tests/test_parse_grammar.py --update")
+    grammar.write_tables()
+    print(f"wrote {grammar.TABLES_FILE}")

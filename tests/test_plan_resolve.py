@@ -265,3 +265,33 @@ def test_a_library_file_lints_alone_but_a_headerless_plan_does_not(tmp_path: Pat
     assert lint_files(tmp_path, {"lib.tvp": library}, main="lib.tvp") == ()
     headerless = lint_files(tmp_path, {"p.tvp": "spec \"m.py:M\"\n" + library}, main="p.tvp")
     assert codes_of(headerless) == [MISSING_PLAN_HEADER.id]
+
+
+def test_resolving_pauses_the_garbage_collector_and_restores_it(tmp_path: Path) -> None:
+    """The collector is off while a plan resolves (speed: bench/lint_bench.py) and back in
+    its previous state after, also when it was off, also when resolution fails; the AST and
+    the plan leave no reference cycles behind for it."""
+    import gc
+
+    from trainverify_dsl.plan.resolve import collector_paused
+
+    seen = []
+    with collector_paused():
+        seen.append(gc.isenabled())
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(KeyError), collector_paused():
+        raise KeyError("boom")
+    assert gc.isenabled()
+    plan = tmp_path / "p.tvp"
+    plan.write_text(HEAD + "split tokens [dp, -]\nfor l in layers[0:2]:\n    replicate l\n",
+                    encoding="utf-8")
+    gc.collect()
+    resolve_file(plan)
+    assert gc.isenabled() and gc.collect() == 0

@@ -38,14 +38,24 @@ class _Parser(argparse.ArgumentParser):
     """argparse exits with 2 on usage errors, which matches our contract; keep it."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``tvp`` parser. Every subcommand is listed with its help line, but only
+    ``command``'s module is imported and its arguments added: a command's start-up imports
+    that command alone (``tvp lint`` is timed in ``bench/lint_bench.py``)."""
     parser = _Parser(prog="tvp", description="Prove distributed training plans correct.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
-        _load(module_name).configure(sub_parser)
+        if name == command:
+            _load(module_name).configure(sub_parser)
     return parser
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names: its first argument that is not an option (the only
+    option before it, ``--version``, takes no value)."""
+    return next((argument for argument in argv if not argument.startswith("-")), None)
 
 
 def _load(module_name: str):
@@ -53,8 +63,9 @@ def _load(module_name: str):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command_in(arguments))
+    args = parser.parse_args(arguments)
     if args.version:
         from trainverify_dsl import __version__
 

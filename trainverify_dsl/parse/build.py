@@ -17,6 +17,7 @@ no offset because chunks start at the beginning of a line.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
@@ -26,7 +27,7 @@ from lark import Token
 from trainverify_dsl.parse import ast
 from trainverify_dsl.report import codes_syntax as codes
 from trainverify_dsl.report.diagnostics import Code
-from trainverify_dsl.report.span import Span
+from trainverify_dsl.report.span import Span, new_span
 
 #: Deepest nesting of expressions, tuples and blocks accepted.
 MAX_NESTING = 100
@@ -77,19 +78,28 @@ class _Shard:
     span: Span
 
 
+#: Told of every builder call, as ``observer(method, raw, parts, result)``.
+Observer = Callable[[Callable[[list[Any], list[Any]], Any], list[Any], list[Any], Any], None]
+
+
 class InlineCallbacks:
     """The object Lark calls on each reduction: ``rule(children)`` ->
-    ``builder.rule(children, parts)``."""
+    ``builder.rule(children, parts)``. An ``observer``, when set, is told of every call
+    (``parse.shapes`` records a statement's builder calls with it)."""
 
     def __init__(self, builder: AstBuilder) -> None:
+        self.observer: Observer | None = None
         for name in RULE_METHODS:
-            setattr(self, name, _adapter(getattr(builder, name)))
+            setattr(self, name, _adapter(self, getattr(builder, name)))
 
 
-def _adapter(method):
+def _adapter(callbacks: InlineCallbacks, method):
     def callback(children: list[Any]):
         parts = [c for c in children if not isinstance(c, Token) or c.type in VALUE_TOKENS]
-        return method(children, parts)
+        result = method(children, parts)
+        if callbacks.observer is not None:
+            callbacks.observer(method, children, parts, result)
+        return result
     return callback
 
 
@@ -110,9 +120,9 @@ class AstBuilder:
     def span(self, where: Token | list[Any]) -> Span:
         """The file span of a token, or of a reduction's raw children (first to last)."""
         if isinstance(where, Token):
-            return Span(self.file, where.line + self.line_offset, where.column,
-                        where.end_line + self.line_offset, where.end_column,
-                        where.start_pos + self.pos_offset, where.end_pos + self.pos_offset)
+            return new_span(self.file, where.line + self.line_offset, where.column,
+                            where.end_line + self.line_offset, where.end_column,
+                            where.start_pos + self.pos_offset, where.end_pos + self.pos_offset)
         first, last = where[0], where[-1]
         if isinstance(first, Token):
             line, col, pos = first.line + self.line_offset, first.column, first.start_pos
@@ -124,7 +134,7 @@ class AstBuilder:
             end_pos = last.end_pos + self.pos_offset
         else:
             end_line, end_col, end_pos = last.span.end_line, last.span.end_col, last.span.end_pos
-        return Span(self.file, line, col, end_line, end_col, pos, end_pos)
+        return new_span(self.file, line, col, end_line, end_col, pos, end_pos)
 
     def _nested(self, node: Any, *children: Any) -> Any:
         """Record ``node``'s nesting depth; refuse it beyond ``MAX_NESTING``."""
@@ -332,17 +342,38 @@ class AstBuilder:
         return ast.GradRef(children[0], self.span(raw))
 
     def path(self, raw, children) -> ast.Path:
-        token = children[0]
-        return ast.Path(self._segments(token), self.span(token))
+        return self._path(children[0])
 
     def value_path(self, raw, children) -> ast.Path:
-        token = children[0]
-        return ast.Path(self._segments(token), self.span(token))
+        return self._path(children[0])
 
-    def _segments(self, token: Token) -> tuple[ast.Segment, ...]:
-        """Split a PATH token: ``layers[0:8].*.wq`` -> Name, Slice, Glob, Name."""
+    def _path(self, token: Token) -> ast.Path:
+        span = self.span(token)
+        return ast.Path(self._segments(token, span), span)
+
+    def _segments(self, token: Token, span: Span) -> tuple[ast.Segment, ...]:
+        """Split a PATH token (at ``span``): ``layers[0:8].*.wq`` -> Name, Slice, Glob, Name."""
         text = str(token)
+        if "[" not in text:  # the common case: words between dots, read without a regex
+            return self._dotted_segments(token, text, span)
         return tuple(self._segment(token, match) for match in _SEGMENT.finditer(text))
+
+    def _dotted_segments(self, token: Token, text: str, span: Span) -> tuple[ast.Segment, ...]:
+        """``_segments`` of a path without brackets: what ``_SEGMENT`` finds, one word per
+        dot-separated part (PATH has no empty part)."""
+        line, column, pos = span.line, span.col, span.start_pos
+        segments: list[ast.Segment] = []
+        start = 0
+        for word in text.split("."):
+            end = start + len(word)
+            word_span = new_span(self.file, line, column + start, line, column + end,
+                                 pos + start, pos + end)
+            if word.isidentifier():  # a name (the glob and index characters are not)
+                segments.append(ast.Name(word, word_span))
+            else:
+                segments.append(self._word(token, word, word_span))
+            start = end + 1
+        return tuple(segments)
 
     def _segment(self, token: Token, match: re.Match) -> ast.Segment:
         word = match["word"]
@@ -354,7 +385,10 @@ class AstBuilder:
             bounds = [None if part is None else self._int(token, part)
                       for part in _slice_parts(inside)]
             return ast.Slice(bounds[0], bounds[1], bounds[2], span)
-        span = self._sub_span(token, match.start("word"), match.end("word"))
+        return self._word(token, word, self._sub_span(token, match.start("word"),
+                                                      match.end("word")))
+
+    def _word(self, token: Token, word: str, span: Span) -> ast.Segment:
         if word.isdigit():
             return ast.Index(self._int(token, word), span)
         if "*" in word or "?" in word:
@@ -365,8 +399,8 @@ class AstBuilder:
         """The span of ``token[start:end]`` (paths never span lines)."""
         line = token.line + self.line_offset
         pos = token.start_pos + self.pos_offset
-        return Span(self.file, line, token.column + start, line, token.column + end,
-                    pos + start, pos + end)
+        return new_span(self.file, line, token.column + start, line, token.column + end,
+                        pos + start, pos + end)
 
     def over(self, raw, children) -> _Axes:
         return _Axes(tuple(self.ident(t) for t in children), self.span(raw))

@@ -2,15 +2,20 @@
 
 Never raises on any input text. Strategy:
 
-1. Parse the whole file at once (the fast path; a valid file is parsed exactly once).
-2. On any error, split the file into top-level statement groups (a line starting at
+1. If the file repeats itself (most statement groups, see 3, have the shape of an earlier
+   one: the same text but for the digits), parse it group by group, each distinct shape
+   through Lark once and its builder calls replayed for the other groups of that shape
+   (``parse.shapes``): a valid file's AST, in half the time. Any error: forget it, and
+2. parse the whole file at once (a valid file parses, and gives the same AST: the groups are
+   a partition of the file at statement boundaries, chunks as below);
+3. on any error, split the file into top-level statement groups (a line starting at
    column 0 plus the indented lines and blank/comment lines that follow it) and parse each
    group on its own. When a group fails, the offending statement's lines (the error line and
    any lines indented deeper than it) are blanked - replaced by spaces, so every position
    stays exact - and the group is parsed again, until it parses or nothing is left. So one
    run reports every syntax error and ``plan_file`` keeps every statement that parsed.
 
-Between the two, a file that fails to parse and does not look like a plan (fewer than half
+Between 2 and 3, a file that fails to parse and does not look like a plan (fewer than half
 of its lines start with a statement keyword or a near miss of one: ``looks_like_a_plan``)
 is not recovered: it gets one TVP110 diagnostic at 1:1 that quotes none of it, and an empty
 ``plan_file``. It may be anything (a `.env` file reached through ``use`` or a symlink, a
@@ -29,7 +34,7 @@ from pathlib import Path
 
 from lark.exceptions import LarkError
 
-from trainverify_dsl.parse import ast
+from trainverify_dsl.parse import ast, shapes
 from trainverify_dsl.parse.build import AstBuilder, BuildError
 from trainverify_dsl.parse.errors import STATEMENT_KEYWORDS, SyntaxProblem, diagnose
 from trainverify_dsl.parse.grammar import get_parser_and_builder
@@ -39,10 +44,16 @@ from trainverify_dsl.report.span import Span
 
 #: Reparse attempts per top-level statement group before giving up on the group.
 MAX_ATTEMPTS_PER_GROUP = 50
+#: Statement shapes pay off when at most this share of a file's statement groups have a shape
+#: of their own: Lark parsing a group alone costs about 2.5 times its share of a whole-file
+#: parse, a replay about 0.4 times (``bench/lint_bench.py``, ``tests/test_parse_shapes.py``).
+MAX_DISTINCT_SHAPES = 0.25
 
 #: Parses share one parser and builder (see ``grammar.get_parser_and_builder``).
 _PARSE_LOCK = threading.RLock()
 _BLANK = re.compile(r"[^\r]")
+#: What ``_indent`` counts as indentation (the empty string: an empty line).
+_INDENT_CHARS = ("", " ", "\t", "\f")
 _BLOCK_HEADER = re.compile(r"[ \t\f]*(for|template)(?![\w-])")
 #: The first word of a (stripped) line when a statement could start with it: a word of at
 #: most 40 characters followed by a blank or the end of the line (so `plan=x` is no statement).
@@ -77,7 +88,9 @@ def parse_source(text: str, file: str = "<string>") -> ParseResult:
     source = text if text.endswith("\n") else text + "\n"
     diagnostics: list[Diagnostic] = []
     with _PARSE_LOCK:
-        statements = _parse_whole(source, file)
+        statements = _parse_by_shapes(source, file)
+        if statements is None:
+            statements = _parse_whole(source, file)
         if statements is None and not looks_like_a_plan(source):
             empty = ast.PlanFile(file, (), (), _file_span(text, file))
             return ParseResult(empty, (_not_a_plan_diagnostic(source, file),))
@@ -154,6 +167,31 @@ def _binary_diagnostic(data: bytes, file: str) -> Diagnostic:
 
 
 # ---------------------------------------------------------------- parsing
+
+
+def _parse_by_shapes(source: str, file: str) -> tuple[ast.Statement, ...] | None:
+    """Step 1: the statement groups, through ``parse.shapes``, if the file repeats itself
+    enough to gain by it; None otherwise, or on any error (or a Lark that module does not
+    know), and the plain parse then runs (and reports the error)."""
+    if _first_line_indented(source):
+        return None
+    parser, builder = get_parser_and_builder()
+    groups = shapes.ShapeParser.of(parser)
+    if groups is None:
+        return None
+    source_shape = groups.shape_of(source)
+    bounds = list(_group_bounds(source))
+    distinct = {source_shape[start:end] for _, start, end in bounds}
+    if len(distinct) > MAX_DISTINCT_SHAPES * len(bounds):
+        return None
+    statements: list[ast.Statement] = []
+    try:
+        for first_line, start, end in bounds:
+            builder.reset(file, first_line, start)
+            statements.extend(groups.parse(source[start:end], source_shape[start:end]))
+    except Exception:  # noqa: BLE001 - any failure: parse the plain way below
+        return None
+    return tuple(statements)
 
 
 def _parse_whole(source: str, file: str) -> tuple[ast.Statement, ...] | None:
@@ -295,14 +333,21 @@ def _first_line_indented(text: str) -> bool:
 
 def _statement_groups(source: str):
     """Yield (line offset, position offset, lines) for each top-level statement group."""
-    lines = source.split("\n")
-    start, start_pos, pos = 0, 0, 0
-    for index, line in enumerate(lines):
-        if index > start and _is_content(line) and _indent(line) == 0:
-            yield start, start_pos, lines[start:index] + [""]
-            start, start_pos = index, pos
+    for first_line, start, end in _group_bounds(source):
+        yield first_line, start, source[start:end].split("\n")
+
+
+def _group_bounds(source: str):
+    """Yield (line offset, start, end) for each top-level statement group of ``source`` (a
+    text ending in a newline): a line with a statement at column 1, the lines after it that
+    are indented, blank or comments, and the newline ending the last of them."""
+    first_line, start, pos = 0, 0, 0
+    for index, line in enumerate(source.split("\n")):
+        if pos > start and line[:1] not in _INDENT_CHARS and _is_content(line):
+            yield first_line, start, pos
+            first_line, start = index, pos
         pos += len(line) + 1
-    yield start, start_pos, lines[start:]
+    yield first_line, start, len(source)
 
 
 def _blank_statement(lines: list[str], index: int) -> bool:
@@ -346,7 +391,7 @@ def collect_comments(text: str, file: str) -> tuple[ast.Comment, ...]:
     comments: list[ast.Comment] = []
     pos = 0
     for number, line in enumerate(text.split("\n"), start=1):
-        column = _comment_column(line)
+        column = _comment_column(line) if "#" in line else -1
         if column >= 0:
             body = line[column:].rstrip("\r")
             span = Span(file, number, column + 1, number, column + 1 + len(body),
@@ -357,6 +402,8 @@ def collect_comments(text: str, file: str) -> tuple[ast.Comment, ...]:
 
 
 def _comment_column(line: str) -> int:
+    if '"' not in line:
+        return line.find("#")
     in_string = escaped = False
     for column, char in enumerate(line):
         if in_string:

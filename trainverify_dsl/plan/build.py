@@ -289,13 +289,14 @@ class Builder:
         """The known axes of an ``over``/``shard over`` group, each once."""
         names: list[str] = []
         for ident in idents:
-            where = Origin(ident.span, origin.trail)
             if self.mesh is not None and not self.mesh.has(ident.name):
-                self.collector.add(messages.unknown_axis(ident.name, self.mesh, where, construct))
+                self.collector.add(messages.unknown_axis(
+                    ident.name, self.mesh, Origin(ident.span, origin.trail), construct))
             elif ident.name in names:
                 self.collector.add(messages.at(
                     codes.AXIS_USED_TWICE, f"mesh axis '{ident.name}' is named twice in the "
-                    f"group of {construct}", where, help="name each mesh axis of a group once"))
+                    f"group of {construct}", Origin(ident.span, origin.trail),
+                    help="name each mesh axis of a group once"))
             else:
                 names.append(ident.name)
         return tuple(names)
@@ -377,9 +378,11 @@ class Builder:
     def _required(self, stmt: ast.CollectiveStmt, origin: Origin, text: str) -> None:
         given = {o.key.name for o in stmt.options}
         for key in vocab.REQUIRED_OPTIONS.get(stmt.kind, ()):
+            if key in given:
+                continue
             allowed = vocab.COLLECTIVE_OPTIONS.get(stmt.kind, ())
             misspelt = any(g not in allowed and messages.did_you_mean(g, [key]) for g in given)
-            if key not in given and not misspelt:
+            if not misspelt:
                 self.collector.add(messages.at(
                     codes.MISSING_OPTION, f"{stmt.kind} needs the option '{key}='", origin,
                     notes=[f"in: {text}"],

@@ -42,6 +42,8 @@ class Evaluator:
 
     def number(self, node: ast.Expr, trail_origin: Origin) -> Fraction | None:
         """The exact value, or ``None`` after reporting why it has none."""
+        if type(node) is ast.Num:  # most values are a literal
+            return node.value
         values: list[Fraction | None] = []
         todo: list[tuple[ast.Expr, bool]] = [(node, False)]
         while todo:

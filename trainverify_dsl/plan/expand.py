@@ -27,6 +27,13 @@ MAX_DEPTH = 200
 MAX_WORK = 100_000
 
 _BLOCK_ONLY_AT_TOP = (ast.UseDecl, ast.TemplateDef, ast.PlanHeader)
+#: Statements ``_step`` hands to ``_leaf`` wherever they stand: all but use, template,
+#: plan, for and apply.
+_PLAIN_LEAVES = frozenset({
+    ast.SpecDecl, ast.MeshDecl, ast.MicrobatchesDecl, ast.LossScaleDecl, ast.SplitStmt,
+    ast.ReplicateStmt, ast.PartialStmt, ast.PlaceStmt, ast.CollectiveStmt, ast.SendStmt,
+    ast.PipelineStageStmt, ast.OptimizerDecl, ast.SpecOptimizerDecl, ast.ClipGradNormDecl,
+    ast.AlgorithmStmt})
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,17 +123,20 @@ class Expander:
         return self.result
 
     def _step(self, stmt: ast.Statement, frame: _Frame) -> None:
-        origin = Origin(stmt.span, frame.trail)
+        if type(stmt) in _PLAIN_LEAVES:  # nearly every statement: skip the match below
+            self._leaf(stmt, frame)
+            return
         if isinstance(stmt, _BLOCK_ONLY_AT_TOP) and not frame.top_level:
             keyword = {ast.UseDecl: "use", ast.TemplateDef: "template"}.get(type(stmt), "plan")
             self.collector.add(messages.at(
-                codes.MISPLACED_STATEMENT, f"'{keyword}' is not allowed inside a block", origin,
+                codes.MISPLACED_STATEMENT, f"'{keyword}' is not allowed inside a block",
+                Origin(stmt.span, frame.trail),
                 help=f"move the '{keyword}' statement to the top level of the file"))
             return
         match stmt:
             case ast.TemplateDef() | ast.PlanHeader() if frame.top_level:
                 if isinstance(stmt, ast.PlanHeader) and frame is self.stack[0]:
-                    self.result.leaves.append(Leaf(stmt, origin))
+                    self.result.leaves.append(Leaf(stmt, Origin(stmt.span, frame.trail)))
             case ast.UseDecl():
                 self._use(stmt, frame)
             case ast.ForStmt():

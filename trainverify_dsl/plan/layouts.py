@@ -146,14 +146,13 @@ def _check_axes(claim: Claim, mesh: Mesh, collector: Collector) -> None:
     kept: list[tuple[str, PlacementKind]] = []
     seen: dict[str, PlacementKind] = {}
     for index, (axis, kind) in enumerate(claim.placements):
-        span = claim.spans.get(index)
-        origin = Origin(span, claim.origin.trail) if span is not None else claim.origin
         if not mesh.has(axis):
-            collector.add(messages.unknown_axis(axis, mesh, origin, claim.text))
+            collector.add(messages.unknown_axis(axis, mesh, _axis_origin(claim, index),
+                                                claim.text))
         elif axis in seen:
             collector.add(messages.at(
                 codes.AXIS_USED_TWICE, f"mesh axis '{axis}' is used twice in one layout",
-                origin,
+                _axis_origin(claim, index),
                 notes=[f"{claim.text} on {mesh.describe()}",
                        f"axis '{axis}' is placed as {seen[axis]} and as {kind}"],
                 help="each mesh axis may split one tensor dimension once"))
@@ -164,6 +163,12 @@ def _check_axes(claim: Claim, mesh: Mesh, collector: Collector) -> None:
     claim.dims = {d: tuple(dict.fromkeys(a for a in axes if mesh.has(a)))
                   for d, axes in claim.dims.items()}
     claim.dims = {d: axes for d, axes in claim.dims.items() if axes}
+
+
+def _axis_origin(claim: Claim, index: int) -> Origin:
+    """Where the ``index``-th placement's axis was written (else the statement)."""
+    span = claim.spans.get(index)
+    return Origin(span, claim.origin.trail) if span is not None else claim.origin
 
 
 def _statement_text(stmt: LayoutStmt, target: TensorPattern) -> str:

@@ -134,6 +134,36 @@ def _segment_text(seg: PatternSegment) -> str:
     raise AssertionError(seg)
 
 
+def _pattern_text(segments: tuple[PatternSegment, ...]) -> str:
+    """``layers.3.wq``, ``layers[0:8]``, ``layers[-1]``: names, globs and indices joined by
+    dots, slices and negative indices in brackets."""
+    words = []
+    for seg in segments:  # the common case first: names and indices, joined by dots
+        if isinstance(seg, NameSeg) and seg.name:
+            words.append(seg.name)
+        elif isinstance(seg, IndexSeg) and seg.index >= 0:
+            words.append(str(seg.index))
+        else:
+            return _bracketed_text(segments)
+    return ".".join(words)
+
+
+def _bracketed_text(segments: tuple[PatternSegment, ...]) -> str:
+    """``_pattern_text`` in general."""
+    pieces: list[str] = []
+    started = False  # whether the text so far is not empty
+    for seg in segments:
+        if isinstance(seg, SliceSeg) or (isinstance(seg, IndexSeg) and seg.index < 0):
+            piece = f"[{_segment_text(seg)}]"
+        else:
+            part = (seg.name if isinstance(seg, NameSeg) else str(seg.index)
+                    if isinstance(seg, IndexSeg) else _segment_text(seg))
+            piece = "." + part if started else part
+        pieces.append(piece)
+        started = started or bool(piece)
+    return "".join(pieces)
+
+
 def _segment_matches(seg: PatternSegment, part: str) -> bool:
     match seg:
         case NameSeg(name):
@@ -161,11 +191,7 @@ class TensorPattern:
     _text: str = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        text = ""
-        for seg in self.segments:
-            part = _segment_text(seg)
-            bracketed = isinstance(seg, SliceSeg) or (isinstance(seg, IndexSeg) and seg.index < 0)
-            text += f"[{part}]" if bracketed else ("." if text else "") + part
+        text = _pattern_text(self.segments)
         object.__setattr__(self, "_text", f"grad({text})" if self.grad else text)
 
     def __str__(self) -> str:

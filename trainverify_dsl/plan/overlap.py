@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Any
 
 from trainverify_dsl.plan import messages
 from trainverify_dsl.plan.model import (
@@ -126,14 +127,22 @@ def _index_bucket(bucket: list[Layout]) -> _BucketIndex:
 
 
 def _index_segment(index: _BucketIndex, position: int, seg: PatternSegment, number: int) -> None:
-    match seg:
-        case NameSeg(name) | IndexSeg(index=name):
-            text = str(name)
-            index.by_text[position].setdefault(text, set()).add(number)
-            if text.isdecimal():
-                index.digits[position].setdefault(int(text), set()).add(number)
-        case _:
-            index.wild[position].setdefault(seg, set()).add(number)
+    if isinstance(seg, NameSeg | IndexSeg):
+        text = seg.name if isinstance(seg, NameSeg) else str(seg.index)
+        _member(index.by_text[position], text, number)
+        if text.isdecimal():
+            _member(index.digits[position], int(text), number)
+    else:
+        _member(index.wild[position], seg, number)
+
+
+def _member(table: dict[Any, set[int]], key: Any, number: int) -> None:
+    """Add ``number`` to ``table[key]`` (a set made on first use)."""
+    members = table.get(key)
+    if members is None:
+        table[key] = {number}
+    else:
+        members.add(number)
 
 
 def _candidate_pairs(bucket: list[Layout], index: _BucketIndex) -> list[tuple[int, int]]:

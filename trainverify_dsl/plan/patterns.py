@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 
 from trainverify_dsl.parse import ast
 from trainverify_dsl.plan.model import (
@@ -30,11 +31,30 @@ def _segment(seg: ast.Segment) -> PatternSegment:
     raise AssertionError(f"unknown path segment {seg!r}")
 
 
+#: Names and indices are values: the same name is one ``NameSeg`` (a plan repeats a few dozen
+#: names and indices tens of thousands of times).
+_name_segment = lru_cache(maxsize=4096)(NameSeg)
+_index_segment = lru_cache(maxsize=4096)(IndexSeg)
+
+
+def _segments(segments: tuple[ast.Segment, ...]) -> tuple[PatternSegment, ...]:
+    """``_segment`` of each, names and indices (nearly all of them) without the ``match``."""
+    result: list[PatternSegment] = []
+    for seg in segments:
+        if isinstance(seg, ast.Name):
+            result.append(_name_segment(seg.name))
+        elif isinstance(seg, ast.Index):
+            result.append(_index_segment(seg.index))
+        else:
+            result.append(_segment(seg))
+    return tuple(result)
+
+
 def pattern_of(node: ast.Path | ast.GradRef) -> TensorPattern:
     """The resolved pattern of an (already substituted) path or ``grad(path)``."""
     if isinstance(node, ast.GradRef):
-        return TensorPattern(tuple(_segment(s) for s in node.path.segments), grad=True)
-    return TensorPattern(tuple(_segment(s) for s in node.segments))
+        return TensorPattern(_segments(node.path.segments), grad=True)
+    return TensorPattern(_segments(node.segments))
 
 
 #: The largest index a path may name: a module list is a Python sequence, so nothing past
@@ -56,6 +76,9 @@ def invalid_segment(node: ast.Path | ast.GradRef) -> BadSegment | None:
     index beyond ``MAX_INDEX``, if any."""
     path = node.path if isinstance(node, ast.GradRef) else node
     for seg in path.segments:
+        if isinstance(seg, ast.Name) or (isinstance(seg, ast.Index)
+                                         and abs(seg.index) <= MAX_INDEX):
+            continue  # nearly every segment
         if isinstance(seg, ast.Slice) and seg.step == 0:
             return BadSegment(seg.span, "slice step cannot be zero",
                               "use a positive step such as [0:8:2]")

@@ -8,6 +8,9 @@ there are errors, so tools can show what resolved; ``None`` only when nothing co
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +79,30 @@ def resolve_plan_file(plan_file: ast.PlanFile, *,
 def resolve_file(path: str | Path, *, project_root: Path = trainverify_dsl.PROJECT_ROOT,
                  loader: Loader | None = None) -> ResolveResult:
     """Parse and resolve the main plan file at ``path``; syntax diagnostics are included."""
+    with collector_paused():
+        return _resolve_file(path, project_root, loader)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the duration (and on again after, if it was
+    on). A plan's AST and resolved plan are hundreds of thousands of long-lived objects and
+    hold no reference cycles, so collecting while they are built finds nothing, yet every
+    full collection walks them all: a third of the time of a 10,000-line plan. Acyclic
+    garbage is still freed at once by reference counting; anything cyclic waits for the next
+    collection after. (mypy raises its collector's thresholds for the same reason.)"""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _resolve_file(path: str | Path, project_root: Path,
+                  loader: Loader | None) -> ResolveResult:
     display = str(path)
     if loader is None:
         parsed = parse_file(path)

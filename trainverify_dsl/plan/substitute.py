@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from trainverify_dsl.parse import ast
+from trainverify_dsl.report.span import Span
 
 Env = dict[str, ast.Value]
 
@@ -104,7 +105,7 @@ def value(node: ast.Value, env: Env) -> ast.Value:
 
 
 def options(nodes: tuple[ast.Option, ...], env: Env) -> tuple[ast.Option, ...]:
-    return tuple(replace(o, value=value(o.value, env)) for o in nodes)
+    return tuple(ast.Option(o.key, value(o.value, env), o.span) for o in nodes)
 
 
 def _idents(nodes: tuple[ast.Ident, ...], env: Env) -> tuple[ast.Ident, ...]:
@@ -116,7 +117,7 @@ def _idents(nodes: tuple[ast.Ident, ...], env: Env) -> tuple[ast.Ident, ...]:
 def _dims(nodes: tuple[ast.DimEntry, ...], env: Env) -> tuple[ast.DimEntry, ...]:
     if not any(a.name in env for d in nodes for a in d.axes):
         return nodes
-    return tuple(replace(d, axes=_idents(d.axes, env)) for d in nodes)
+    return tuple(ast.DimEntry(_idents(d.axes, env), d.span) for d in nodes)
 
 
 def _placement(node: ast.Placement, env: Env) -> ast.Placement:
@@ -132,10 +133,16 @@ def statement(stmt: Any, env: Env) -> Any:
     changes: dict[str, Any] = {}
     for name in stmt.__dataclass_fields__:
         old = getattr(stmt, name)
+        if type(old) in _NO_PARAMETERS:
+            continue
         new = _field(name, old, env)
         if new is not old:
             changes[name] = new
     return replace(stmt, **changes) if changes else stmt
+
+
+#: Field values no parameter can occur in (``_field`` returns them unchanged).
+_NO_PARAMETERS = frozenset({str, int, type(None), Span})
 
 
 def _field(name: str, node: Any, env: Env) -> Any:

@@ -392,7 +392,10 @@ class _Lowering:
         const: dict[torch.fx.Node, bool] = {}
         for node in graph.nodes:
             if node.op == "placeholder":
-                const[node] = self.cap.placeholders[node.name][0] in ("buffer", "constant")
+                # values from buffers, constants and the model inputs alone are computed on
+                # every stage that uses them (Rule 5.1): every stage reads its own inputs
+                const[node] = self.cap.placeholders[node.name][0] in ("buffer", "constant",
+                                                                      "data")
                 continue
             if node.op != "call_function":
                 continue

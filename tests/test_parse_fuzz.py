@@ -18,7 +18,8 @@ CLEAN_PLAN = (Path(__file__).parent / "golden" / "syntax" / "clean.tvp").read_te
     encoding="utf-8")
 
 TOKENS = [
-    "plan", "spec", "mesh", "microbatches", "loss-scale", "use", "split", "replicate",
+    "plan", "spec", "mesh", "microbatches", "loss-scale", "loss-reduction", "use", "split",
+    "replicate",
     "partial", "place", "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "copy",
     "scatter", "send", "pipeline-stage", "optimizer", "clip-grad-norm", "algorithm",
     "template", "apply", "for", "in", "over", "from", "to", "backward", "schedule", "shard",

@@ -7,7 +7,8 @@ The enumeration is statement kind x target x axis class over the bias-free two-l
 
 - kinds: the layout statements (split, replicate, partial, place), the collectives
   (all-reduce, all-gather, reduce-scatter, all-to-all, copy, scatter), and send,
-  pipeline-stage, the optimizer's ``shard over``, loss-scale, clip-grad-norm, algorithm;
+  pipeline-stage, the optimizer's ``shard over``, loss-scale, loss-reduction, clip-grad-norm,
+  algorithm;
 - targets: an activation ``X.out``, an activation ``X.in``, a parameter, ``grad(...)``,
   ``loss``, a model input;
 - axes: a data axis (``dp``, splitting the batch), a tensor axis (``tp``), and ``pp``.
@@ -156,7 +157,8 @@ OTHERS = [("send", t, "pp") for t in TARGETS] + [
     ("pipeline-stage", "module", "pp"), ("pipeline-stage", "loss", "pp"),
     ("shard", "optimizer", "dp"),
     ("shard", "optimizer", "tp"), ("shard", "optimizer", "pp"), ("loss-scale", "seed", "-"),
-    ("clip-grad-norm", "grads", "-"), ("algorithm", "module", "tp"),
+    ("clip-grad-norm", "grads", "-"), ("loss-reduction", "loss", "-"),
+    ("algorithm", "module", "tp"),
     ("algorithm", "module", "pp")]
 
 
@@ -362,6 +364,10 @@ SCENARIOS: dict[tuple[str, str, str], Outcome] = {
     # every copy counted: the dp replicas (and the tp-replicated biases) count twice
     ("clip-grad-norm", "grads", "-"): Honoured("clip", "clip-grad-norm 0.001",
                                                "clip-grad-norm 0.001 replicas=each", DIFFERS),
+    # the rank's own count (the default, stated) vs the step's count: with the gradients
+    # averaged over dp the step's count divides twice (TVP411)
+    ("loss-reduction", "loss", "-"): Honoured("dp", "loss-reduction local-mean",
+                                              "loss-reduction token-mean", "TVP411"),
     ("algorithm", "module", "tp"): Spec("TVP408",
                                         "algorithm vocab-parallel-embedding for fc1 over tp",
                                         "tp"),
@@ -549,6 +555,11 @@ def recorded(lw: Lowered, text: str, statement: str) -> bool:
         clip = parallel_program(lw).clip
         return clip is not None and clip.origin.span is not None and \
             clip.origin.span.line == line
+    if statement.startswith("loss-reduction"):  # the program's loss reduction (§4.3)
+        from trainverify_dsl.lower.program import parallel_program
+
+        origin = parallel_program(lw).loss.origin
+        return origin.span is not None and origin.span.line == line
     if statement.startswith("loss-scale"):
         return lw.plan.loss_scale != 1  # the seed every stage graph is fed (§4.3)
     return any(span is not None and span.line == line for span in spans)

@@ -106,6 +106,16 @@ def prepare(path: str | Path, *, shrink: bool | None = None, real: bool = True,
     model_ref = locate_model(plan, Path(path), allow_model_outside_root)
     if shrink is None:
         shrink = needs_shrinking(plan, settings)
+    reduction = plan.loss_reduction
+    if shrink and reduction is not None and reduction.mode == "sum":
+        # the scale is a number about the full-size token count; shrunk widths change the
+        # count and would turn a right scale wrong (docs/semantics.md §4.3)
+        if needs_shrinking(plan, settings):
+            raise SimulationSetupError([], f"{reduction.origin.report_span}: `loss-reduction "
+                                           "sum` states a scale for the full-size token "
+                                           "count, and this model is too large to run at full "
+                                           "size; state `token-mean` instead")
+        shrink = False
     overrides, batch, seq = _shrunk(plan, settings, model_ref) if shrink else ({}, None, None)
     batch = batch or plan.spec.batch or 1
     seq = seq or plan.spec.seq or 1

@@ -185,17 +185,28 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(batch, seq, heads * dim)
 
 
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor,
-            label_smoothing: float = 0.0) -> torch.Tensor:
-    """Mean next-token cross-entropy over all positions (no ignore index); with
-    ``label_smoothing`` ε, torch's ``F.cross_entropy(..., label_smoothing=ε)``: each position's
-    loss is ``(1 - ε) * nll + ε * mean over the vocabulary of -log p``."""
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0,
+            ignore_index: int | None = None) -> torch.Tensor:
+    """Next-token cross-entropy, torch's ``F.cross_entropy(..., reduction="mean")``: with
+    ``label_smoothing`` ε each position's loss is ``(1 - ε) * nll + ε * mean over the
+    vocabulary of -log p``. Without ``ignore_index`` the loss is the mean over all positions;
+    with it, positions whose label is ``ignore_index`` are not counted and the loss is the sum
+    over the counted positions divided by their number (the token count)."""
     log_probs = torch.log_softmax(logits, dim=-1)
-    picked = torch.gather(log_probs, -1, labels.unsqueeze(-1)).squeeze(-1)
-    if not label_smoothing:
-        return -picked.mean()
-    smooth = -log_probs.mean(dim=-1)
-    return ((1.0 - label_smoothing) * -picked + label_smoothing * smooth).mean()
+    if ignore_index is None:
+        picked = torch.gather(log_probs, -1, labels.unsqueeze(-1)).squeeze(-1)
+        if not label_smoothing:
+            return -picked.mean()
+        smooth = -log_probs.mean(dim=-1)
+        return ((1.0 - label_smoothing) * -picked + label_smoothing * smooth).mean()
+    counted = labels != ignore_index
+    safe = torch.where(counted, labels, torch.zeros_like(labels))
+    per_token = -torch.gather(log_probs, -1, safe.unsqueeze(-1)).squeeze(-1)
+    if label_smoothing:
+        per_token = (1.0 - label_smoothing) * per_token \
+            + label_smoothing * -log_probs.mean(dim=-1)
+    per_token = torch.where(counted, per_token, torch.zeros_like(per_token))
+    return per_token.sum() / counted.sum()
 
 
 class RopeDecoderLM(nn.Module):
@@ -222,4 +233,11 @@ class RopeDecoderLM(nn.Module):
         return self.output(self.norm(h))
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return lm_loss(self.logits(tokens), labels, self.config.label_smoothing)
+        return lm_loss(self.logits(tokens), labels, self.config.label_smoothing,
+                       self.config.ignore_index)
+
+    def masked_inputs(self) -> dict[str, int]:
+        """Inputs some of whose entries carry a value that masks them (``labels`` equal to the
+        config's ``ignore_index``): random inputs mask some positions there."""
+        ignore = self.config.ignore_index
+        return {} if ignore is None else {"labels": ignore}

@@ -55,6 +55,9 @@ class DeepSeekConfig:
     norm_eps: float = 1e-6
     #: the loss's label smoothing (torch's ``cross_entropy(label_smoothing=...)``)
     label_smoothing: float = 0.0
+    #: labels equal to it are not counted in the loss (torch's ``ignore_index``; Hugging
+    #: Face's ``-100``); ``None``: every position counts
+    ignore_index: int | None = None
 
     def __post_init__(self) -> None:
         problems = self.problems()

@@ -32,6 +32,9 @@ class GPT2Config:
     norm_eps: float = 1e-5
     #: the loss's label smoothing (torch's ``cross_entropy(label_smoothing=...)``)
     label_smoothing: float = 0.0
+    #: labels equal to it are not counted in the loss (torch's ``ignore_index``; Hugging
+    #: Face's ``-100``); ``None``: every position counts
+    ignore_index: int | None = None
 
     def __post_init__(self) -> None:
         if self.hidden % self.n_heads:
@@ -107,4 +110,10 @@ class GPT2(nn.Module):
         return self.output(self.norm(h))
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return lm_loss(self.logits(tokens), labels, self.config.label_smoothing)
+        return lm_loss(self.logits(tokens), labels, self.config.label_smoothing,
+                       self.config.ignore_index)
+
+    def masked_inputs(self) -> dict[str, int]:
+        """``labels`` equal to ``ignore_index`` are not counted (see ``RopeDecoderLM``)."""
+        ignore = self.config.ignore_index
+        return {} if ignore is None else {"labels": ignore}

@@ -41,6 +41,9 @@ class LlamaConfig:
     rope_original_max_seq_len: int = 8192
     #: the loss's label smoothing (torch's ``cross_entropy(label_smoothing=...)``)
     label_smoothing: float = 0.0
+    #: labels equal to it are not counted in the loss (torch's ``ignore_index``; Hugging
+    #: Face's ``-100``); ``None``: every position counts
+    ignore_index: int | None = None
 
     def __post_init__(self) -> None:
         if self.hidden % self.n_heads:

@@ -157,24 +157,40 @@ def _check_loss_copies(pair: Pair) -> None:
 
 def _mean(values: list[Any]) -> Any:
     """The mean of 0-d values of any domain (a sum, then one division)."""
+    return _sum(values) / len(values)
+
+
+def _sum(values: list[Any]) -> Any:
     scalars = [np.asarray(v)[()] for v in values]
     total = scalars[0]
     for v in scalars[1:]:
         total = total + v
-    return total / len(scalars)
+    return total
 
 
 def _check_loss(pair: Pair) -> None:
-    data_axes = pair.program.loss.data_axes
+    """The logical loss (§4.6): one local loss per data block and microbatch, summed over
+    the blocks along the reduction's summed axes (and the microbatches, unless a
+    ``local-mean``), averaged over the rest."""
+    loss = pair.program.loss
+    data_axes = loss.data_axes
     blocks: dict[tuple, Any] = {}
     for (rank, m), value in sorted(pair.got.losses.items()):
         coords = pair.mesh.coords(rank)
         blocks.setdefault(tuple(coords[a] for a in data_axes) + (m,), value)
     if not blocks:
-        pair.fail("loss", "loss", pair.program.loss.origin.span, "no rank computes the loss")
+        pair.fail("loss", "loss", loss.origin.span, "no rank computes the loss")
         return
-    pair.compare("loss", "loss", -1, _mean(list(blocks.values())), pair.want["loss"],
-                 pair.program.loss.origin.span)
+    if loss.mode == "local-mean":
+        logical = _mean(list(blocks.values()))
+    else:
+        summed = [i for i, a in enumerate(data_axes) if a in loss.summed] + [len(data_axes)]
+        groups: dict[tuple, list[Any]] = {}
+        for key, value in blocks.items():
+            rest = tuple(k for i, k in enumerate(key) if i not in summed)
+            groups.setdefault(rest, []).append(value)
+        logical = _mean([_sum(v) for v in groups.values()])
+    pair.compare("loss", "loss", -1, logical, pair.want["loss"], loss.origin.span)
 
 
 def _grad_spans(program: ParallelProgram) -> dict[str, Span | None]:
@@ -230,11 +246,13 @@ def _check_claims(pair: Pair) -> None:
 
 
 def _mean_losses(pair: Pair) -> dict[tuple[int, int], Any]:
-    """Each rank's loss averaged over its microbatches (microbatches are always averaged)."""
+    """Each rank's loss over its microbatches: averaged, or summed when the loss reduction
+    sums them (§4.3)."""
     by_rank: dict[int, list[Any]] = {}
     for (rank, _), value in sorted(pair.got.losses.items()):
         by_rank.setdefault(rank, []).append(value)
-    return {(r, 0): _mean(v) for r, v in by_rank.items()}
+    combine = _sum if pair.program.loss.sums_microbatches else _mean
+    return {(r, 0): combine(v) for r, v in by_rank.items()}
 
 
 def _check_claim_pieces(pair: Pair, claim: Any, pieces: Mapping, want_global: np.ndarray,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,8 @@ class _Run:
         self.free = np.random.default_rng(FREE_VALUE_SEED)
         self.free_values: dict[tuple[int, str, int, int], np.ndarray] = {}
         self.out = ParallelOutcome()
+        #: rank -> the step's token count (``token-mean``, §4.3), before the first microbatch
+        self.denominators: dict[int, Any] = {}
 
     def _ranks_of(self, stage: int) -> list[int]:
         axis = self.p.pipeline_axis
@@ -101,6 +104,8 @@ class _Run:
         # contribution; otherwise they run once, on the accumulated gradients
         timed = step and any(s.after != 0 for s in self.p.grad_syncs)
         total = self.out.grads
+        if self.p.loss.count is not None:
+            self.denominators = self._denominators()
         for m in range(self.p.microbatches):
             if timed:
                 self.out.grads = {}
@@ -139,6 +144,8 @@ class _Run:
                 feed[slot.name] = np.array(coords[slot.spec], dtype=np.int64)
             elif slot.kind == "recv":
                 feed[slot.name] = self._received(stage, slot, rank, m, sends)
+            elif slot.kind == "denominator":
+                feed[slot.name] = self.denominators[rank]
             elif slot.kind == "seed":
                 feed[slot.name] = self.domain.fill(stage.graph.inputs[len(feed)].type.shape,
                                                    self.p.seed)
@@ -192,6 +199,36 @@ class _Run:
             acc[slot.spec] = acc.get(slot.spec, 0) + value
         elif slot.kind == "loss":
             self.out.losses[(rank, m)] = value
+
+    def _denominators(self) -> dict[int, Any]:
+        """``token-mean`` (§4.3): each rank's local token counts, summed over the
+        microbatches and over the rank's group along the counted axes (whose ranks hold
+        different data blocks), as one known number per rank."""
+        loss = self.p.loss
+        assert loss.count is not None
+        stage = next(st for st in self.p.stages if st.output("loss"))
+        slots = {s.name: s for s in stage.inputs}
+        ranks = self.stage_ranks[stage.index]
+        counts: dict[int, int] = {}
+        for rank in ranks:
+            total = 0
+            for m in range(self.p.microbatches):
+                coords = self.coords(rank, m)
+                feed: dict[str, Any] = {}
+                for g in loss.count.inputs:
+                    slot = slots[g.name]
+                    feed[g.name] = np.array(coords[slot.spec], dtype=np.int64) \
+                        if slot.kind == "coord" else \
+                        take_local(self.values[slot.spec], slot.layout, coords, self.sizes)
+                total += _known_int(evaluate_graph(loss.count, feed, self.domain)["count"])
+            counts[rank] = total
+        out: dict[int, Any] = {}
+        for group in self.mesh.groups(loss.counted):
+            held = [r for r in group if r in counts]
+            step_count = sum(counts[r] for r in held)
+            for r in held:
+                out[r] = self.domain.fill((), Fraction(step_count))
+        return out
 
     # -- after the backward -------------------------------------------------------------
 
@@ -291,6 +328,16 @@ class _Run:
                                                   attrs)
                 out.update(zip(group, gathered, strict=True))
         return out
+
+
+def _known_int(value: Any) -> int:
+    """A token count as a Python int; it depends on integer data only, so every domain
+    knows it."""
+    item = np.asarray(value).reshape(()).item()
+    if isinstance(item, (bool, int, np.integer)) or (
+            isinstance(item, (float, Fraction)) and item == int(item)):
+        return int(item)
+    raise ValueError(f"the token count is not a known integer ({item!r})")
 
 
 def _block_of(grad: np.ndarray, layout: TLayout, block: TLayout, coords: Mapping[str, int],

@@ -180,5 +180,24 @@ def prune(graph: Graph) -> Graph:
     return Graph(graph.inputs, tuple(nodes), outputs)
 
 
+def restrict(graph: Graph, outputs: tuple[str, ...], drop_inputs: bool = False) -> Graph:
+    """``graph`` with only the named ``outputs`` and the nodes they need; with
+    ``drop_inputs`` also without the inputs they do not read."""
+    kept = prune(Graph(graph.inputs, graph.nodes,
+                       tuple((n, v) for n, v in graph.outputs if n in outputs)))
+    if not drop_inputs:
+        return kept
+    n_in = len(kept.inputs)
+    used = sorted({v for node in kept.nodes for v in node.inputs if v < n_in}
+                  | {v for _, v in kept.outputs if v < n_in})
+    renumber = {old: new for new, old in enumerate(used)}
+    for k in range(len(kept.nodes)):
+        renumber[n_in + k] = len(used) + k
+    nodes = tuple(node.replace(inputs=tuple(renumber[v] for v in node.inputs))
+                  for node in kept.nodes)
+    return Graph(tuple(kept.inputs[i] for i in used), nodes,
+                 tuple((name, renumber[v]) for name, v in kept.outputs))
+
+
 __all__ = ["Graph", "GraphBuilder", "GraphInput", "Node", "Origin", "NO_ORIGIN", "ShapeError",
-           "make_attrs", "prune"]
+           "make_attrs", "prune", "restrict"]

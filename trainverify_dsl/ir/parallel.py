@@ -16,7 +16,8 @@ Invariants (``parallel_problems``):
 3. Every gradient statement's axes are mesh axes, and every member of each of its groups holds
    the parameters it names (a statement over the pipeline axis of a parameter held on one stage
    has no meaning and is rejected before this point).
-4. The loss is produced by exactly one stage.
+4. The loss is produced by exactly one stage. A ``token-mean`` loss has a count graph that
+   reads only data of that stage, and only that stage reads the ``denominator``.
 5. The optimizer updates every parameter with a gradient, once; its update graph's inputs are
    ``param, grad, <states>`` at the block's local shape, and the final gradient layout is the
    parameter's layout or its block layout.
@@ -57,9 +58,11 @@ NO_SOURCE = Source(None)
 
 #: Slot kinds. Inputs: values from the step's inputs (``param``, ``buffer``, ``data``), the
 #: rank's coordinate (``coord``), a boundary value (``recv``), the loss cotangent (``seed``)
-#: and cotangents of outputs (``cotangent``). Outputs: ``loss``, ``send``, ``lineage`` (the
+#: and cotangents of outputs (``cotangent``), the step's token count (``denominator``, a
+#: ``token-mean`` loss, §4.3). Outputs: ``loss``, ``send``, ``lineage`` (the
 #: value at a marked point), ``grad`` (a parameter's local gradient), ``grad-recv``.
-INPUT_KINDS = ("param", "buffer", "data", "coord", "recv", "seed", "cotangent")
+INPUT_KINDS = ("param", "buffer", "data", "coord", "recv", "seed", "cotangent",
+               "denominator")
 OUTPUT_KINDS = ("loss", "send", "lineage", "grad", "grad-recv")
 
 
@@ -171,11 +174,39 @@ class GradClip:
 
 @dataclass(frozen=True, slots=True)
 class LossReduction:
-    """§4.6: the logical loss is the mean over data blocks (the ``data_axes``) and
-    microbatches of the local losses; every other axis holds equal copies."""
+    """§4.3, §4.6: how the local losses make the logical loss; every axis but the data axes
+    holds equal copies. ``local-mean``: the mean over data blocks (the ``data_axes``) and
+    microbatches. ``token-mean``: each local loss is divided by the step's token count ``D``
+    (the ``count`` graph's value summed over the microbatches and the data blocks along
+    ``counted``, fed to the loss stage's ``denominator`` input); the logical loss is the sum
+    over those blocks and the microbatches, the mean over the other data axes. ``sum``: the
+    sum over every data block and microbatch (the stage graph applies the scale)."""
 
     data_axes: tuple[str, ...]
     origin: Source = NO_SOURCE
+    mode: str = "local-mean"
+    counted: tuple[str, ...] = ()
+    #: ``token-mean``: the loss stage's local token count, from inputs of that stage (by
+    #: name) to one output ``count``
+    count: Graph | None = None
+
+    @property
+    def summed(self) -> tuple[str, ...]:
+        """The data axes over whose blocks the local losses are summed (not averaged)."""
+        return {"local-mean": (), "token-mean": self.counted}.get(self.mode, self.data_axes)
+
+    @property
+    def sums_microbatches(self) -> bool:
+        return self.mode != "local-mean"
+
+    def describe(self) -> str:
+        axes = ", ".join(self.data_axes)
+        if self.mode == "local-mean":
+            return f"loss mean over data axes ({axes}) and microbatches"
+        if self.mode == "sum":
+            return f"loss sum over data axes ({axes}) and microbatches"
+        return (f"loss token-mean: divided by the token count over ({', '.join(self.counted)})"
+                f" and microbatches, summed over them, mean over data axes ({axes})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,8 +304,41 @@ def parallel_problems(program: ParallelProgram) -> list[str]:
     losses = [st.index for st in program.stages if st.output("loss")]
     if len(losses) != 1:
         problems.append(f"the loss is produced by stages {losses}, expected exactly one")
+    problems += _loss_problems(program)
     problems += _clip_problems(program)
     problems += _optimizer_problems(program)
+    return problems
+
+
+def _loss_problems(program: ParallelProgram) -> list[str]:
+    """A ``token-mean`` has a count graph reading only data of the loss stage, and only the
+    loss stage reads the denominator."""
+    loss = program.loss
+    problems: list[str] = []
+    readers = [st.index for st in program.stages
+               if any(s.kind == "denominator" for s in st.inputs)]
+    if (loss.mode == "token-mean") != (loss.count is not None):
+        problems.append(f"a {loss.mode} loss {'without' if loss.count is None else 'with'} "
+                        "a count graph")
+    if loss.count is None:
+        if readers:
+            problems.append(f"stages {readers} read a denominator without a token-mean")
+        return problems
+    stage = next((st for st in program.stages if st.output("loss")), None)
+    if stage is None or readers != [stage.index]:
+        problems.append(f"the denominator is read by stages {readers}, not the loss stage")
+        return problems
+    slots = {s.name: s for s in stage.inputs}
+    for g in loss.count.inputs:
+        slot = slots.get(g.name)
+        if slot is None or slot.kind not in ("param", "buffer", "data", "coord"):
+            problems.append(f"the token count reads {g.name}, not data of the loss stage")
+    if loss.count.output_names != ("count",):
+        problems.append("the count graph's outputs are not exactly `count`")
+    problems += [f"count: %{v}: {m}" for v, m in graph_problems(loss.count)]
+    unknown = [a for a in loss.counted if a not in loss.data_axes]
+    if unknown:
+        problems.append(f"the token count sums over {unknown}, which are no data axes")
     return problems
 
 
@@ -414,8 +478,7 @@ def format_parallel(program: ParallelProgram, graphs: bool = True) -> str:
              f"  mesh {mesh}; pipeline axis {program.pipeline_axis or '-'}",
              f"  microbatches {program.microbatches} schedule {program.schedule}; "
              f"seed {_fraction(program.seed)}",
-             f"  loss mean over data axes ({', '.join(program.loss.data_axes)}) and "
-             f"microbatches{_where(program.loss.origin)}"]
+             f"  {program.loss.describe()}{_where(program.loss.origin)}"]
     for param, lay in program.param_layouts:
         lines.append(f"  param {param}: {lay.describe()}")
     for stage in program.stages:

@@ -25,6 +25,7 @@ index, inlining) — never the lowering's private state.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -60,11 +61,15 @@ def vocab_parallel_embedding(weight: torch.Tensor, ids: torch.Tensor,
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, k: torch.Tensor,
                                  axes: tuple[str, ...], n: int, smoothing: float = 0.0,
-                                 partition: bool = False) -> torch.Tensor:
+                                 partition: bool = False, ignore_index: int | None = None,
+                                 mean: bool = True) -> Any:
     """Mean cross-entropy of ``logits [..., W]`` (this rank's vocabulary block) and labels;
     with label ``smoothing`` ε each position adds ε times (the log-sum-exp minus the mean
     logit), the mean over the whole vocabulary (an all-reduce of the logits' sums), or over
-    this rank's block alone with ``partition`` (the per-partition bug, §7.2)."""
+    this rank's block alone with ``partition`` (the per-partition bug, §7.2). Without
+    ``mean`` (or with an ``ignore_index``) it returns the sum of the per-position losses and
+    their count instead (``None``: every position counts), for the plan's loss reduction:
+    positions labelled ``ignore_index`` are neither summed nor counted."""
     width = logits.shape[-1]
     top = _coll(logits.detach().amax(dim=-1, keepdim=True), "all_reduce", axes, n, "max")
     top = top.detach()
@@ -76,13 +81,20 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, k: 
     picked = torch.where(inside.unsqueeze(-1), picked, torch.zeros_like(picked))
     target = _coll(picked, "all_reduce", axes, n)
     if not smoothing:
-        return (torch.log(total) + top - target).mean()
-    if partition:
-        mean_logit = logits.sum(dim=-1, keepdim=True) / width
+        per_position = torch.log(total) + top - target
     else:
-        mean_logit = _coll(logits.sum(dim=-1, keepdim=True), "all_reduce", axes, n) / (width * n)
-    return (torch.log(total) + top - (1.0 - smoothing) * target
-            - smoothing * mean_logit).mean()
+        if partition:
+            mean_logit = logits.sum(dim=-1, keepdim=True) / width
+        else:
+            mean_logit = _coll(logits.sum(dim=-1, keepdim=True), "all_reduce", axes, n) \
+                / (width * n)
+        per_position = torch.log(total) + top - (1.0 - smoothing) * target \
+            - smoothing * mean_logit
+    if ignore_index is None:
+        return per_position.mean() if mean else (per_position.sum(), None)
+    counted = (labels != ignore_index).unsqueeze(-1)
+    per_position = torch.where(counted, per_position, torch.zeros_like(per_position))
+    return per_position.sum(), counted.sum()
 
 
 def expert_parallel(x: torch.Tensor, weights: torch.Tensor, w1: torch.Tensor,
@@ -156,6 +168,9 @@ class Context(Protocol):
     def collectives_at(self, point: str) -> list[Any]: ...
     def is_data_input(self, node: torch.fx.Node) -> bool: ...
     def report(self, finding: Finding) -> None: ...
+    def loss_mode(self) -> str: ...
+    def normalise_loss(self, numerator: torch.fx.Node, count: torch.fx.Node | int,
+                       axes: tuple[str, ...], cause: Any) -> tuple[torch.fx.Node, TLayout]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,9 +202,9 @@ class Algorithm:
 # -- inlining ------------------------------------------------------------------------------
 
 
-def inline(cx: Context, fn: Callable[..., torch.Tensor],
-           inputs: list[Any]) -> torch.fx.Node:
-    """Trace ``fn`` on the fake values of ``inputs`` and emit its ops into the current stage."""
+def inline(cx: Context, fn: Callable[..., Any], inputs: list[Any]) -> Any:
+    """Trace ``fn`` on the fake values of ``inputs`` and emit its ops into the current stage;
+    the result is the node ``fn``'s tensor becomes (or a tuple of them, ``None`` kept)."""
     from torch._decomp import core_aten_decompositions
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -216,7 +231,7 @@ def inline(cx: Context, fn: Callable[..., torch.Tensor],
             raise LoweringError(Finding(codes_lower.LAYOUT_MISMATCH,
                                         f"algorithm traced a {node.op} node",
                                         None, ""))
-    assert isinstance(result, torch.fx.Node)
+    assert result is not None
     return result
 
 
@@ -365,18 +380,28 @@ def _lower_vocab_cross_entropy(cx: Context, site: Site) -> tuple[torch.fx.Node, 
     axes = site.axes
     # the spec model's label smoothing (its config's `label_smoothing`, as the reference
     # models pass it to the loss); the algorithm must compute that same loss
-    smoothing = float(getattr(getattr(cx.submodule(""), "config", None), "label_smoothing", 0.0)
-                      or 0.0)
+    config = getattr(cx.submodule(""), "config", None)
+    smoothing = float(getattr(config, "label_smoothing", 0.0) or 0.0)
+    # positions whose label is the config's `ignore_index` do not count (as in `lm_loss`)
+    ignore = getattr(config, "ignore_index", None)
     partition = dict(site.options).get("smoothing") == "partition"
+    # the plain mean unless the plan's loss reduction or a mask needs the sum and the count
+    plain = ignore is None and cx.loss_mode() == "local-mean"
 
-    def run(z: torch.Tensor, y: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(z, y, k, axes, n, smoothing, partition)
+    def run(z: torch.Tensor, y: torch.Tensor, k: torch.Tensor) -> Any:
+        return vocab_parallel_cross_entropy(z, y, k, axes, n, smoothing, partition, ignore,
+                                            mean=plain)
 
     out = inline(cx, run, [cx.local(logits_mark), cx.local(labels), k])
     label_lay = cx.layout(labels)
     data_axes = tuple(a for f in label_lay.dims[0] for a in f.axes)
     seq_axes = tuple(a for d in label_lay.dims[1:] for f in d for a in f.axes)
     mean_axes = data_axes + seq_axes
+    if not plain:  # §4.3: the sum over the rank's positions, divided as the plan says
+        total, count = out
+        if count is None:
+            count = math.prod(cx.local(labels).meta["val"].shape)
+        return cx.normalise_loss(total, count, mean_axes, site.origin)
     lay = TLayout(()).with_partial(("avg", mean_axes), site.origin) if mean_axes else TLayout(())
     return out, lay
 

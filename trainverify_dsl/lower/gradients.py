@@ -22,7 +22,10 @@ statements:
   axis that splits the parameter (adds different slices) or over which its gradient is already
   complete with ``op=sum`` (multiplies it): TVP406 ``collective-mismatch``;
 - over the data axes, the reduction's factor times the loss scale times the number of data
-  ranks and microbatches must be 1 (§4.7): TVP411 ``loss-scale-mismatch``;
+  ranks and microbatches must be 1 (§4.7): TVP411 ``loss-scale-mismatch``; a ``token-mean``
+  loss is already divided by the step's count along its counted axes and microbatches, which
+  then leave the product; a ``sum`` loss's scale is the plan's claim about the token count,
+  which only the simulation checks;
 - a ``copy``/``all-gather`` whose backward sums a cotangent that is already complete multiplies
   it by the group size: TVP406 ``collective-mismatch``.
 
@@ -157,17 +160,21 @@ class GradientTracker:
 
     def finish(self, statements: Sequence[tuple[Any, tuple[str, ...]]], data_axes: set[str],
                loss_scale: Fraction, microbatches: int,
-               headers: Mapping[str, Any] | None = None) -> None:
+               headers: Mapping[str, Any] | None = None,
+               loss_mode: str = "local-mean", counted: tuple[str, ...] = ()) -> None:
         """``headers``: the plan origins of ``loss-scale`` and ``microbatches`` (where a
-        loss-scale mismatch is reported when the reductions are not at fault)."""
+        loss-scale mismatch is reported when the reductions are not at fault). ``loss_mode``
+        and ``counted``: the loss reduction (Rule 4.5) and a ``token-mean``'s counted axes
+        (the microbatches count too); a ``sum`` loss's scale is not checked here."""
         self._headers = headers or {}
+        self._token_mean = counted if loss_mode == "token-mean" else None
         cot = self.backward()
         used = {value for item in self.record if isinstance(item, _Op)
                 for value, _, _ in item.operands}
         # A backward that sums over a data axis (an all-gather of a sequence split over a data
         # axis) already adds different data blocks' gradients: the scale accounting of §4.7
         # then depends on the activations, and is not checked here.
-        self._scale_checked = not any(
+        self._scale_checked = loss_mode != "sum" and not any(
             isinstance(item, _Collective) and set(item.sums) & data_axes for item in self.record)
         missing: dict[tuple[str, tuple[Span | None, str]], list[str]] = {}
         for node, param in self.params.items():
@@ -227,6 +234,24 @@ class GradientTracker:
         reduced = {a for _, axes in applied for a in axes}
         if not set(data) <= reduced or not self._scale_checked:
             return  # reported as missing, or not decidable from the statements
+        if self._token_mean is not None:
+            # Rule 4.5: already divided by the count over these axes and the microbatches
+            counted = self._token_mean
+            rest = [a for a in data if a not in counted]
+            ranks = math.prod(self.sizes[a] for a in rest)
+            total = factor * loss_scale * ranks
+            if total != 1:
+                self._group(codes_lower.LOSS_SCALE_MISMATCH,
+                            applied[-1][0].origin if applied else None,
+                            f"the gradients of {{params}} come out {total} times the spec's: "
+                            f"the loss is divided by the step's token count over "
+                            f"({', '.join(counted) or 'the microbatches'}), so the "
+                            f"reduction's factor {factor} x loss-scale {loss_scale} x {ranks} "
+                            f"data ranks outside the count ({', '.join(rest) or 'none'}) must "
+                            "be 1 (docs/semantics.md Rule 4.5)", param,
+                            "with `loss-reduction token-mean` sum the gradients over the "
+                            "counted axes (`op=sum`) and state no `loss-scale`")
+            return
         ranks = math.prod(self.sizes[a] for a in data)
         total = factor * loss_scale * microbatches * ranks
         if total != 1:

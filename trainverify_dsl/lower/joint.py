@@ -26,7 +26,7 @@ from trainverify_dsl.lower.lowering import Lowered, Slot, StageProgram
 from trainverify_dsl.spec.fx_import import import_joint
 
 _KIND = {"param": "param", "buffer": "buffer", "data": "data", "coord": "data",
-         "recv": "activation"}
+         "recv": "activation", "denominator": "data"}
 
 
 def input_name(slot: Slot) -> str:
@@ -38,8 +38,8 @@ def input_name(slot: Slot) -> str:
 
 
 def output_name(slot: Slot) -> str:
-    if slot.kind == "loss":
-        return "loss"
+    if slot.kind in ("loss", "count"):
+        return slot.kind
     return f"lineage.{slot.spec}" if slot.kind == "lineage" else f"send.{slot.spec}"
 
 

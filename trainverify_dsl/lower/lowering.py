@@ -38,6 +38,7 @@ from trainverify_dsl.ir.layout import (
     TLayout,
 )
 from trainverify_dsl.lower import algorithms, collectives  # noqa: F401 - registers tvp.collective
+from trainverify_dsl.lower import loss as loss_norm
 from trainverify_dsl.lower.bind import Binding, bind_plan, resolve_indices
 from trainverify_dsl.lower.capture import MARK, Captured, capture_forward, module_stack
 from trainverify_dsl.lower.findings import Finding, LoweringError, latest, merge_repeats
@@ -83,6 +84,8 @@ class Lowered:
     #: (stage, boundary id of a recv input) -> the boundary id it really receives, or
     #: ``None`` for a free value; absent means the implied transfer (Rule 5.2)
     routes: dict[tuple[int, str], str | None] = field(default_factory=dict)
+    #: ``loss-reduction token-mean``: the data axes whose token counts are summed
+    loss_count_axes: tuple[str, ...] = ()
 
     @property
     def mesh_axes(self) -> tuple[tuple[str, int], ...]:
@@ -144,6 +147,13 @@ class _AlgorithmContext:
     def report(self, finding: Finding) -> None:
         self._lw.findings.append(finding)
 
+    def loss_mode(self) -> str:
+        return loss_norm.mode_of(self._lw.plan)
+
+    def normalise_loss(self, numerator: torch.fx.Node, count: torch.fx.Node | int,
+                       axes: tuple[str, ...], cause: Any) -> tuple[torch.fx.Node, TLayout]:
+        return loss_norm.normalise(self._lw, numerator, count, axes, cause)
+
 
 class _Lowering:
     def __init__(self, plan: Plan, model: nn.Module, binding: Binding, captured: Captured,
@@ -187,6 +197,10 @@ class _Lowering:
         self.grads = GradientTracker(sizes)
         #: stage -> marked point -> its local value (observed in simulation)
         self.observed: dict[int, dict[str, torch.fx.Node]] = {}
+        #: the spec loss's normaliser when it is lowered by ``lower/loss.py``
+        self.loss_root: loss_norm.Root | None = None
+        #: a ``token-mean``'s local token count (a node of the loss stage) and counted axes
+        self.loss_count: tuple[torch.fx.Node, tuple[str, ...]] | None = None
 
     # -- RuleCtx ------------------------------------------------------------------------
 
@@ -331,6 +345,14 @@ class _Lowering:
         self.algorithm_context = _AlgorithmContext(self)
         self.loss_region = algorithms.loss_region(self.algorithm_context, graph)
         self.skip = algorithms.skipped_nodes(self.algorithm_context, graph)
+        if not self.loss_region:  # a loss algorithm normalises its own loss
+            output = next(n for n in graph.nodes if n.op == "output")
+            results = output.args[0]
+            root = loss_norm.find_root(results[0] if isinstance(results, (tuple, list))
+                                       else results)
+            if root is None and loss_norm.mode_of(self.plan) != "local-mean":
+                raise loss_norm.no_root(self.plan)
+            self.loss_root = root if loss_norm.intercepts(self.plan, root) else None
         for node in graph.nodes:
             if node.op == "call_function" and self.stage_of.get(node) is not None \
                     and node not in self.skip:
@@ -443,6 +465,10 @@ class _Lowering:
         self.current_cause = self._merge_causes(node)
         if name == MARK:
             new, lay = self._mark(node)
+        elif self.loss_root is not None and node is self.loss_root.node:
+            new, lay = loss_norm.lower_root(self, self.loss_root)
+            operands = [(a, self.layouts.get(a), _floating(a)) for a in node.all_input_nodes]
+            self.grads.op(node, name, operands, lay, self.current_cause, self._where())
         elif name == "getitem":
             parent, index = node.args
             new = self.emit(node.target, (self.value(stage, parent), index))
@@ -601,6 +627,8 @@ class _Lowering:
                                              f"loss: {problem}",
                                              claim.span, "loss"))
         self.outputs[loss_stage].append(Slot("loss", "loss", "loss", lay))
+        if self.loss_count is not None:
+            self.outputs[loss_stage].append(Slot(loss_norm.COUNT, "count", "loss", TLayout(())))
         for old in self.sent:
             home = self.stage_of[old]
             self.outputs[home].append(Slot(f"send.{old.name}", "send", old.name,
@@ -613,6 +641,9 @@ class _Lowering:
             for slot in self.outputs[stage]:
                 if slot.kind == "loss":
                     outs.append(loss)
+                elif slot.kind == "count":
+                    assert self.loss_count is not None
+                    outs.append(self.loss_count[0])
                 else:
                     old = next(n for n in self.sent if n.name == slot.spec)
                     outs.append(self.values[stage][old])
@@ -711,13 +742,16 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> L
         ordered = _placeholders_first(graph)
         gm = torch.fx.GraphModule(captured.gm, ordered)
         stages.append(StageProgram(index, gm, lowering.inputs[index], lowering.outputs[index]))
+    counted = lowering.loss_count[1] if lowering.loss_count is not None else ()
     lowering.grads.finish(binding.grad_statements, binding.data_axes(), plan.loss_scale,
-                          plan.microbatches, dict(plan.header_origins))
+                          plan.microbatches, dict(plan.header_origins),
+                          loss_norm.mode_of(plan), counted)
     routes = _explicit_sends(lowering, stages)
     backward = _backward_findings(lowering)  # may add a note to a forward finding
     findings = merge_repeats(binding.warnings + lowering.findings + backward)
+    counted = lowering.loss_count[1] if lowering.loss_count is not None else ()
     return Lowered(plan, binding, sizes, stages, lowering.lineages, findings,
-                   routes)
+                   routes, counted)
 
 
 def _backward_findings(lowering: _Lowering) -> list[Finding]:

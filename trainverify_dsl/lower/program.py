@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from trainverify_dsl.ir.graph import Graph
+from trainverify_dsl.ir.graph import Graph, restrict
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, Factor, TLayout
 from trainverify_dsl.ir.parallel import (
     Claim,
@@ -77,6 +77,8 @@ def _stage(lowered: Lowered, program: StageProgram, graph: Graph) -> Stage:
             inputs.append(Slot(g.name, "cotangent", out, by_output[out].layout))
     outputs = []
     for name, _ in graph.outputs:
+        if name == "count":  # the token count: the loss reduction's graph (``_loss``)
+            continue
         slot = by_output.get(name)
         if slot is not None:
             outputs.append(Slot(name, slot.kind, slot.spec, slot.layout))
@@ -90,7 +92,26 @@ def _stage(lowered: Lowered, program: StageProgram, graph: Graph) -> Stage:
             outputs.append(Slot(name, "grad", param, layouts[param]))
     binding = lowered.binding
     place = binding.stage_place(program.index) if binding.virtual else None
+    graph = restrict(graph, tuple(s.name for s in outputs))
     return Stage(program.index, graph, tuple(inputs), tuple(outputs), place)
+
+
+def _loss(lowered: Lowered, graphs: list[Graph]) -> LossReduction:
+    """§4.3, §4.6: the loss reduction, with a ``token-mean``'s count graph (the stage graph's
+    ``count`` output, restricted to what it reads)."""
+    binding = lowered.binding
+    reduction = lowered.plan.loss_reduction
+    origin = source_of(reduction.origin) if reduction is not None else \
+        _span_source(binding.loss_span())
+    data = tuple(sorted(binding.data_axes()))
+    if reduction is None or reduction.mode == "local-mean":
+        return LossReduction(data, origin)
+    if reduction.mode == "sum":
+        return LossReduction(data, origin, "sum")
+    counted = lowered.loss_count_axes
+    graph = next(g for g in graphs if "count" in g.output_names)
+    return LossReduction(data, origin, "token-mean", counted,
+                         restrict(graph, ("count",), drop_inputs=True))
 
 
 def _transfers(lowered: Lowered) -> tuple[Transfer, ...]:
@@ -251,8 +272,7 @@ def parallel_program(lowered: Lowered, graphs: list[Graph] | None = None) -> Par
     pipeline = PIPELINE_AXIS if PIPELINE_AXIS in dict(mesh) else None
     params = {s.spec: s.layout for st in stages for s in st.inputs if s.kind == "param"}
     param_layouts = tuple((p, params[p]) for p in lowered.binding.params if p in params)
-    loss = LossReduction(tuple(sorted(lowered.binding.data_axes())),
-                         _span_source(lowered.binding.loss_span()))
+    loss = _loss(lowered, graphs)
     program = ParallelProgram(
         plan.name or "", mesh, pipeline, plan.microbatches, plan.schedule or "1f1b",
         plan.loss_scale, stages, _transfers(lowered), _grad_syncs(lowered),

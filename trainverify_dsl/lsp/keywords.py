@@ -29,6 +29,11 @@ STATEMENTS: dict[str, tuple[str, str]] = {
     "loss-scale": ("loss-scale EXPR",
                    "Every device's local backward starts from seed EXPR (default 1); with a "
                    "mean loss and microbatches the correct value is 1/microbatches."),
+    "loss-reduction": ("loss-reduction local-mean | token-mean [over AXES] | sum scale=EXPR",
+                       "How every rank normalises its local loss: by its own token count "
+                       "(local-mean, the default), by the token count of the whole step summed "
+                       "over the data axes and microbatches (token-mean), or a plain sum times "
+                       "a stated scale (sum)."),
     "use": ('use "PATH"',
             "Includes a fragment (paths relative to the including file, then to the project "
             "root; stdlib/... names the shipped library). Its templates become visible; its "

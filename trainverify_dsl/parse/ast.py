@@ -237,6 +237,17 @@ class LossScaleDecl:
 
 
 @dataclass(frozen=True, slots=True)
+class LossReductionDecl:
+    """``loss-reduction token-mean [over dp, cp]`` / ``loss-reduction sum scale=1/4096``: how
+    every rank normalises its local loss (default ``local-mean``)."""
+
+    mode: Ident
+    options: tuple[Option, ...]
+    span: Span
+    axes: tuple[Ident, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class UseDecl:
     """``use "stdlib/megatron.tvp"``: include a fragment; its templates become visible."""
 
@@ -405,7 +416,8 @@ class ForStmt:
 
 
 Statement = (
-    PlanHeader | SpecDecl | MeshDecl | MicrobatchesDecl | LossScaleDecl | UseDecl
+    PlanHeader | SpecDecl | MeshDecl | MicrobatchesDecl | LossScaleDecl | LossReductionDecl
+    | UseDecl
     | SplitStmt | ReplicateStmt | PartialStmt | PlaceStmt | CollectiveStmt | SendStmt
     | PipelineStageStmt | OptimizerDecl | SpecOptimizerDecl | ClipGradNormDecl | AlgorithmStmt
     | TemplateDef | ApplyStmt | ForStmt

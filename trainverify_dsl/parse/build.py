@@ -177,6 +177,12 @@ class AstBuilder:
     def loss_scale_decl(self, raw, children) -> ast.LossScaleDecl:
         return ast.LossScaleDecl(children[0], self.span(raw))
 
+    def loss_reduction_decl(self, raw, children) -> ast.LossReductionDecl:
+        mode, *rest = children
+        axes = next((c.axes for c in rest if isinstance(c, _Axes)), ())
+        options = tuple(c for c in rest if isinstance(c, ast.Option))
+        return ast.LossReductionDecl(mode, options, self.span(raw), axes)
+
     def use_decl(self, raw, children) -> ast.UseDecl:
         path = children[0]
         return ast.UseDecl(_unquote(path), self.span(path), self.span(raw))

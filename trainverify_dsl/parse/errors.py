@@ -176,7 +176,8 @@ EXAMPLES: tuple[SyntaxExample, ...] = (
 
 #: The words a statement starts with (parse/parser.py uses them to tell a plan from other files).
 STATEMENT_KEYWORDS = (
-    "plan", "spec", "mesh", "microbatches", "loss-scale", "use", "split", "replicate",
+    "plan", "spec", "mesh", "microbatches", "loss-scale", "loss-reduction", "use", "split",
+    "replicate",
     "partial", "place", "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "copy",
     "scatter", "send", "pipeline-stage", "optimizer", "spec-optimizer", "clip-grad-norm",
     "algorithm",

@@ -243,6 +243,11 @@ def _optimizer_decl(s: ast.OptimizerDecl) -> str:
     return f"optimizer {s.kind.name}{_options(s.options)}{shard}"
 
 
+def _loss_reduction_decl(s: ast.LossReductionDecl) -> str:
+    axes = _over(s.axes) if s.axes else ""
+    return f"loss-reduction {s.mode.name}{axes}{_options(s.options)}"
+
+
 def _clip_grad_norm_decl(s: ast.ClipGradNormDecl) -> str:
     axes = _over(s.axes) if s.axes else ""
     return f"clip-grad-norm {expr_text(s.max_norm)}{axes}{_options(s.options)}"
@@ -275,6 +280,7 @@ def _for_stmt(s: ast.ForStmt) -> str:
 _STATEMENT_PRINTERS = {
     ast.PlanHeader: _plan_header, ast.SpecDecl: _spec_decl, ast.MeshDecl: _mesh_decl,
     ast.MicrobatchesDecl: _microbatches_decl, ast.LossScaleDecl: _loss_scale_decl,
+    ast.LossReductionDecl: _loss_reduction_decl,
     ast.UseDecl: _use_decl, ast.SplitStmt: _split_stmt, ast.ReplicateStmt: _replicate_stmt,
     ast.PartialStmt: _partial_stmt, ast.PlaceStmt: _place_stmt,
     ast.CollectiveStmt: _collective_stmt, ast.SendStmt: _send_stmt,

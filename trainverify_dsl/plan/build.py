@@ -24,6 +24,7 @@ from trainverify_dsl.plan.model import (
     Algorithm,
     ClipGradNorm,
     Collective,
+    LossReduction,
     Mesh,
     MeshAxis,
     Optimizer,
@@ -41,10 +42,11 @@ from trainverify_dsl.report.diagnostics import Collector
 from trainverify_dsl.report.span import Span
 
 _HEADER_TYPES = (ast.PlanHeader, ast.SpecDecl, ast.MeshDecl, ast.MicrobatchesDecl,
-                 ast.LossScaleDecl, ast.OptimizerDecl, ast.SpecOptimizerDecl,
-                 ast.ClipGradNormDecl)
+                 ast.LossScaleDecl, ast.LossReductionDecl, ast.OptimizerDecl,
+                 ast.SpecOptimizerDecl, ast.ClipGradNormDecl)
 _HEADER_WORDS = {ast.PlanHeader: "plan", ast.SpecDecl: "spec", ast.MeshDecl: "mesh",
                  ast.MicrobatchesDecl: "microbatches", ast.LossScaleDecl: "loss-scale",
+                 ast.LossReductionDecl: "loss-reduction",
                  ast.OptimizerDecl: "optimizer", ast.SpecOptimizerDecl: "spec-optimizer",
                  ast.ClipGradNormDecl: "clip-grad-norm"}
 #: The most devices a mesh may have (rank numbers are int64 everywhere); also keeps every
@@ -91,7 +93,8 @@ class Builder:
             stages=tuple(parts.stages), optimizer=self._optimizer(),
             spec_optimizer=self._optimizer(ast.SpecOptimizerDecl),
             clip_grad_norm=self._clip(), algorithms=tuple(parts.algorithms),
-            files=tuple(self.files), header_origins=self._header_origins())
+            files=tuple(self.files), header_origins=self._header_origins(),
+            loss_reduction=self._loss_reduction())
 
     # ------------------------------------------------------------ headers
 
@@ -131,7 +134,8 @@ class Builder:
     def _header_origins(self) -> tuple[tuple[str, Origin], ...]:
         """Where the step-wide headers stand (``microbatches``, ``loss-scale``), so that a
         finding about them is reported at their line."""
-        kinds = {ast.MicrobatchesDecl: "microbatches", ast.LossScaleDecl: "loss-scale"}
+        kinds = {ast.MicrobatchesDecl: "microbatches", ast.LossScaleDecl: "loss-scale",
+                 ast.LossReductionDecl: "loss-reduction"}
         return tuple((name, self.headers[kind].origin) for kind, name in kinds.items()
                      if kind in self.headers)
 
@@ -569,6 +573,45 @@ class Builder:
             return None
         return value
 
+    def _loss_reduction(self) -> LossReduction | None:
+        """``loss-reduction MODE [over AXES] [scale=X]``: ``over`` only with ``token-mean``,
+        ``scale`` (a positive number) required with ``sum`` and only there."""
+        stmt, origin = self._header(ast.LossReductionDecl)
+        if stmt is None:
+            return None
+        assert isinstance(stmt, ast.LossReductionDecl) and origin is not None
+        mode = stmt.mode.name
+        if mode not in vocab.LOSS_REDUCTIONS:
+            self.collector.add(messages.at(
+                codes.INVALID_OPTION_VALUE, f"unknown loss reduction '{mode}'",
+                Origin(stmt.mode.span, origin.trail),
+                help=f"write one of {', '.join(vocab.LOSS_REDUCTIONS)}"))
+            return None
+        for option in stmt.options:
+            if option.key.name not in vocab.LOSS_REDUCTION_OPTIONS or mode != "sum":
+                self.collector.add(unknown_option(f"loss-reduction {mode}", option.key.name,
+                                                  vocab.LOSS_REDUCTION_OPTIONS if mode == "sum"
+                                                  else (), Origin(option.span, origin.trail)))
+        if stmt.axes and mode != "token-mean":
+            self._invalid_value("over", "no axes: only token-mean sums token counts over "
+                                "axes", origin)
+            return None
+        scale = None
+        if mode == "sum":
+            given = next((o for o in stmt.options if o.key.name == "scale"), None)
+            if given is None:
+                self._invalid_value("scale", "a positive number (the factor of the summed "
+                                    "loss, e.g. 1/tokens)", origin)
+                return None
+            scale = self.evaluator.number(given.value, origin)
+            if scale is None:
+                return None
+            if scale <= 0 or scale > FLOAT64_MAX:
+                self._invalid_value("scale", "a positive number a float64 holds", origin)
+                return None
+        axes = self._axes(stmt.axes, origin, "loss-reduction") if stmt.axes else ()
+        return LossReduction(mode, origin, tuple(axes), scale)
+
     def _clip(self) -> ClipGradNorm | None:
         stmt, origin = self._header(ast.ClipGradNormDecl)
         if stmt is None:
@@ -620,7 +663,7 @@ def _options_of(stmt: ast.Statement) -> tuple[ast.Option, ...]:
         case ast.SpecDecl():
             return stmt.settings
         case (ast.PartialStmt() | ast.CollectiveStmt() | ast.OptimizerDecl()
-              | ast.SpecOptimizerDecl()
+              | ast.SpecOptimizerDecl() | ast.LossReductionDecl()
               | ast.ClipGradNormDecl() | ast.AlgorithmStmt()):
             return stmt.options
     return ()

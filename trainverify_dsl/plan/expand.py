@@ -30,7 +30,8 @@ _BLOCK_ONLY_AT_TOP = (ast.UseDecl, ast.TemplateDef, ast.PlanHeader)
 #: Statements ``_step`` hands to ``_leaf`` wherever they stand: all but use, template,
 #: plan, for and apply.
 _PLAIN_LEAVES = frozenset({
-    ast.SpecDecl, ast.MeshDecl, ast.MicrobatchesDecl, ast.LossScaleDecl, ast.SplitStmt,
+    ast.SpecDecl, ast.MeshDecl, ast.MicrobatchesDecl, ast.LossScaleDecl,
+    ast.LossReductionDecl, ast.SplitStmt,
     ast.ReplicateStmt, ast.PartialStmt, ast.PlaceStmt, ast.CollectiveStmt, ast.SendStmt,
     ast.PipelineStageStmt, ast.OptimizerDecl, ast.SpecOptimizerDecl, ast.ClipGradNormDecl,
     ast.AlgorithmStmt})

@@ -462,6 +462,18 @@ class ClipGradNorm:
 
 
 @dataclass(frozen=True, slots=True)
+class LossReduction:
+    """``loss-reduction`` (docs/semantics.md §4.3): ``mode`` one of ``vocab.LOSS_REDUCTIONS``;
+    ``axes`` the data axes whose token counts a ``token-mean`` sums (empty: every data axis);
+    ``scale`` the factor of a ``sum``."""
+
+    mode: str
+    origin: Origin
+    axes: tuple[str, ...] = ()
+    scale: Fraction | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Algorithm:
     name: str
     targets: tuple[TensorPattern, ...]
@@ -492,6 +504,8 @@ class Plan:
     spec_optimizer: Optimizer | None = None
     #: Where the step-wide headers stand: ``("microbatches" | "loss-scale", origin)``.
     header_origins: tuple[tuple[str, Origin], ...] = ()
+    #: ``loss-reduction`` (``None``: ``local-mean``, each rank's own token count)
+    loss_reduction: LossReduction | None = None
 
     def header_origin(self, name: str) -> Origin | None:
         return next((origin for key, origin in self.header_origins if key == name), None)

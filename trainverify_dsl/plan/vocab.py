@@ -41,6 +41,12 @@ CLIP_OPTIONS = ("norm-type", "replicas")
 #: ``replicas=``: a gradient copy replicated over a norm-group axis counts once (Megatron's
 #: ``param_is_not_tensor_parallel_duplicate``) or once per copy.
 CLIP_REPLICAS = ("once", "each")
+#: ``loss-reduction`` modes (docs/semantics.md §4.3): the local loss divided by the rank's own
+#: token count (the default), by the step's token count, or a sum times a stated scale.
+LOSS_REDUCTIONS = ("local-mean", "token-mean", "sum")
+LOSS_REDUCTION_DEFAULT = "local-mean"
+#: ``loss-reduction``'s options (``scale=`` of ``sum``)
+LOSS_REDUCTION_OPTIONS = ("scale",)
 #: the ``spec-optimizer`` option giving the reference step's gradient clipping
 SPEC_CLIP = "clip-grad-norm"
 

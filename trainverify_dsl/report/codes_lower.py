@@ -183,6 +183,25 @@ GRADIENT_LAYOUT_MISMATCH = _code(
                 "spec-optimizer sgd lr=0.1\noptimizer sgd lr=0.1 shard over dp\n",
 )
 
+_MASKED = (
+    "plan demo\n"
+    'spec "stdlib/models/llama.py:Llama" config llama_tiny batch 4 seq 8 ignore_index -100\n'
+    "mesh dp=2, tp=2\nsplit tokens [dp, -]\nsplit labels [dp, -]\n"
+)
+LOSS_REDUCTION_MISMATCH = _code(
+    "TVP414", "loss-reduction-mismatch", "the loss cannot be normalised as `loss-reduction` "
+    "says",
+    "`loss-reduction token-mean` and `sum` divide the spec loss's sum of per-token losses "
+    "differently than the spec does (docs/semantics.md Rule 4.5): the spec's loss must end in "
+    "a mean over every dimension or a sum divided by a token count, and a token-mean may sum "
+    "the counts only over data axes (axes that split a model input; the ranks along any other "
+    "axis hold the same tokens, whose counts would be added twice).",
+    "A token count summed over a tensor-parallel axis divides every loss by tp times the "
+    "tokens: gradients come out tp times too small.",
+    _MASKED + "loss-reduction token-mean over dp, tp\nall-reduce grad(params) over dp op=sum\n",
+    _MASKED + "loss-reduction token-mean over dp\nall-reduce grad(params) over dp op=sum\n",
+)
+
 # TVP413 `not-lowered` is retired (its one statement, `clip-grad-norm`, is lowered since
 # session 8, docs/semantics.md §6.3): the id is never reused.
 
@@ -190,5 +209,5 @@ CODES: tuple[Code, ...] = (
     UNBOUND_NAME, PARTIAL_INPUT, LAYOUT_MISMATCH, PARTIAL_NONLINEAR,
     MIXED_PARTIAL, COLLECTIVE_MISMATCH, CLAIM_CONTRADICTS_LAYOUT,
     ALGORITHM_NOT_APPLICABLE, UNASSIGNED_OP, MISSING_COLLECTIVE, LOSS_SCALE_MISMATCH,
-    GRADIENT_LAYOUT_MISMATCH,
+    GRADIENT_LAYOUT_MISMATCH, LOSS_REDUCTION_MISMATCH,
 )

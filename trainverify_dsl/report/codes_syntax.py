@@ -65,7 +65,8 @@ UNTERMINATED_STRING = _error(
 
 UNKNOWN_STATEMENT = _error(
     "TVP107", "unknown-statement", "a line that does not start with a statement keyword",
-    "Each statement starts with a keyword: plan, spec, mesh, microbatches, loss-scale, use, "
+    "Each statement starts with a keyword: plan, spec, mesh, microbatches, loss-scale, "
+    "loss-reduction, use, "
     "split, replicate, partial, place, a collective, send, pipeline-stage, optimizer, "
     "clip-grad-norm, algorithm, template, apply or for.",
     _WHY_STATEMENT,

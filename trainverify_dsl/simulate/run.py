@@ -92,10 +92,12 @@ def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Gener
                   ) -> dict[str, np.ndarray]:
     """Parameters ~ N(0, 0.5²), states positive where they must be (Adam's v), token ids in
     range (the vocabulary is the first dimension of the embedding table), real inputs N(0,1),
-    buffers as the model built them."""
+    buffers as the model built them. An input the model names in ``masked_inputs()`` (labels
+    with an ``ignore_index``) has some entries masked (``_mask``)."""
     buffers = {n: b.detach().cpu().double().numpy() if b.is_floating_point() else
                b.detach().cpu().numpy() for n, b in model.named_buffers()}
     vocab = _vocab(model)
+    masked: dict[str, int] = getattr(model, "masked_inputs", dict)()
     values: dict[str, np.ndarray] = {}
     for g in spec_inputs:
         shape = g.type.shape
@@ -103,11 +105,29 @@ def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Gener
             values[g.name] = buffers[g.name]
         elif g.type.dtype.startswith("i"):
             values[g.name] = rng.integers(0, vocab or 2, size=shape)
+            if g.name in masked:
+                values[g.name] = _mask(values[g.name], masked[g.name], rng)
         elif g.kind == "state" and g.name.startswith("v("):
             values[g.name] = rng.uniform(0.1, 1.0, size=shape)
         else:
             values[g.name] = rng.normal(0.0, 0.5, size=shape)
     return values
+
+
+#: The share of a masked input's entries that carry its masking value (``ignore_index``).
+MASKED_SHARE = 0.3
+
+
+def _mask(ids: np.ndarray, value: int, rng: np.random.Generator) -> np.ndarray:
+    """Each entry masked with probability ``MASKED_SHARE``, the last entry of every row never
+    (so every row counts, and no token count of the whole batch is zero); the data blocks of
+    a plan then hold different token counts, as real batches do."""
+    out = ids.copy()
+    hit = rng.random(ids.shape) < MASKED_SHARE
+    if hit.ndim:
+        hit[..., -1] = False
+    out[hit] = value
+    return out
 
 
 def _vocab(model: torch.nn.Module) -> int | None:

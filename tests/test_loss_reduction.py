@@ -1,0 +1,239 @@
+"""`loss-reduction` (docs/semantics.md Rule 4.5) and masked labels (`ignore_index`).
+
+The reference models' masked loss against torch; each mode's meaning in simulation (the step's
+token count, a stated scale, the rank's own count) on plans written the ways production
+frameworks write them: data parallel with microbatches, tensor parallel with the
+vocabulary-parallel cross-entropy, context parallel, pipeline stages; and every misuse as a
+diagnostic at the statement.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stdlib.models.common import lm_loss
+from trainverify_dsl.api import SimulationSetupError, simulate_file
+from trainverify_dsl.ir.parallel import parallel_problems
+from trainverify_dsl.parse.format import format_source
+from trainverify_dsl.plan.resolve import resolve_file, resolve_source
+from trainverify_dsl.simulate.run import MASKED_SHARE, random_inputs
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA = '"stdlib/models/llama.py:Llama" config llama_tiny'
+MLP = '"stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1'
+
+
+def plan(tmp_path: Path, text: str, name: str = "p.tvp") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def masked_dp(reduction: str, sync: str, extra: str = "", microbatches: int = 2) -> str:
+    return (f"plan masked\nspec {LLAMA} batch 4 seq 8 ignore_index -100\n"
+            f"spec-optimizer sgd lr=0.01\nmesh dp=2\nmicrobatches {microbatches}\n"
+            f"{reduction}\n{extra}split tokens [dp, -]\nsplit labels [dp, -]\n"
+            f"{sync}\noptimizer sgd lr=0.01\n")
+
+
+# ---------------------------------------------------------------- the models' masked loss
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_lm_loss_with_an_ignore_index_is_torchs_cross_entropy(smoothing: float) -> None:
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 5, 11, dtype=torch.float64, generator=gen)
+    labels = torch.randint(0, 11, (3, 5), generator=gen)
+    labels[0, 1] = labels[2, 0] = labels[2, 4] = -100
+    want = F.cross_entropy(logits.reshape(-1, 11), labels.reshape(-1), ignore_index=-100,
+                           label_smoothing=smoothing)
+    assert torch.allclose(lm_loss(logits, labels, smoothing, -100), want, rtol=0, atol=1e-14)
+    # without an ignore index nothing changes
+    plain = torch.randint(0, 11, (3, 5), generator=gen)
+    assert torch.allclose(lm_loss(logits, plain, smoothing),
+                          F.cross_entropy(logits.reshape(-1, 11), plain.reshape(-1),
+                                          label_smoothing=smoothing), rtol=0, atol=1e-14)
+
+
+def test_random_labels_are_masked_unevenly_and_never_a_whole_row() -> None:
+    from trainverify_dsl.spec.load import load_model
+
+    model = load_model("stdlib/models/llama.py:Llama", "llama_tiny", fake=False,
+                       ignore_index=-100)
+    assert model.masked_inputs() == {"labels": -100}
+
+    class Input:
+        def __init__(self, name: str, shape: tuple[int, ...], dtype: str) -> None:
+            self.name, self.kind = name, "data"
+            self.type = type("T", (), {"shape": shape, "dtype": dtype})()
+
+    values = random_inputs([Input("labels", (16, 8), "i64"), Input("tokens", (16, 8), "i64")],
+                           model, np.random.default_rng(0))
+    masked = values["labels"] == -100
+    assert not (values["tokens"] == -100).any()
+    assert not masked[:, -1].any()
+    assert 0.5 * MASKED_SHARE < masked.mean() < 1.5 * MASKED_SHARE
+    assert len(set(masked.sum(axis=1))) > 1  # rows count different numbers of tokens
+
+
+# ---------------------------------------------------------------- the modes in simulation
+
+
+def test_token_mean_over_data_and_microbatches_agrees(tmp_path: Path) -> None:
+    result = simulate_file(plan(tmp_path, masked_dp("loss-reduction token-mean",
+                                                    "all-reduce grad(params) over dp op=sum")))
+    assert result.agrees, result.mismatches[:3]
+
+
+def test_the_mean_of_local_means_differs_at_the_loss(tmp_path: Path) -> None:
+    """Hugging Face's gradient-accumulation bug: every rank and microbatch divided by its own
+    token count, then averaged (the Megatron-style `loss-scale 1/microbatches`, `op=avg`)."""
+    text = masked_dp("loss-reduction local-mean\nloss-scale 1/microbatches",
+                     "all-reduce grad(params) over dp op=avg")
+    result = simulate_file(plan(tmp_path, text))
+    assert not result.agrees
+    assert result.first is not None and result.first.tensor == "loss"
+    assert result.first.span is not None and result.first.span.line == 6  # the statement
+    assert result.max_rel_error > 1e-3
+    # without the statement (local-mean is the default) it differs as much, at the spec line
+    default = simulate_file(plan(tmp_path, text.replace("loss-reduction local-mean\n", ""),
+                                 "default.tvp"))
+    assert not default.agrees and default.first.span.line == 2
+    assert default.max_rel_error == pytest.approx(result.max_rel_error)
+
+
+def test_without_a_mask_every_mode_is_the_spec_loss(tmp_path: Path) -> None:
+    """An unmasked mean loss (the MLP's MSE) counts the same elements everywhere: local-mean
+    with 1/microbatches and avg, token-mean with sum, sum with one over the batch's 8 x 3
+    elements all agree."""
+    head = f"plan m\nspec {MLP}\nspec-optimizer sgd lr=0.1\nmesh dp=2\nmicrobatches 2\n"
+    body = "split x [dp, -]\nsplit target [dp, -]\n"
+    tail = "optimizer sgd lr=0.1\n"
+    for i, (reduction, sync) in enumerate([
+            ("loss-scale 1/microbatches", "op=avg"),
+            ("loss-reduction token-mean", "op=sum"),
+            ("loss-reduction sum scale=1/24", "op=sum")]):
+        text = head + reduction + "\n" + body + f"all-reduce grad(params) over dp {sync}\n" + tail
+        result = simulate_file(plan(tmp_path, text, f"m{i}.tvp"))
+        assert result.agrees, (reduction, result.mismatches[:3])
+
+
+def test_a_wrong_scale_differs_at_the_statement(tmp_path: Path) -> None:
+    text = (f"plan m\nspec {MLP}\nspec-optimizer sgd lr=0.1\nmesh dp=2\n"
+            "loss-reduction sum scale=1/16\nsplit x [dp, -]\nsplit target [dp, -]\n"
+            "all-reduce grad(params) over dp op=sum\noptimizer sgd lr=0.1\n")
+    result = simulate_file(plan(tmp_path, text))
+    assert not result.agrees and result.first.tensor == "loss" and result.first.span.line == 5
+
+
+def test_token_mean_with_vocab_parallel_cross_entropy(tmp_path: Path) -> None:
+    """The algorithm computes the sum and the count itself (masked positions pick no logit on
+    any vocabulary block) and is normalised the same way."""
+    base = (ROOT / "plans" / "llama_tiny_smoothing.tvp").read_text().replace(
+        "label_smoothing 0.1", "label_smoothing 0.1 ignore_index -100")
+    good = base.replace("mesh dp=2, tp=2", "mesh dp=2, tp=2\nloss-reduction token-mean") \
+        .replace("op=avg", "op=sum")
+    result = simulate_file(plan(tmp_path, good, "good.tvp"))
+    assert result.agrees, result.mismatches[:3]
+    local = simulate_file(plan(tmp_path, base, "local.tvp"))
+    assert not local.agrees and local.first.tensor == "loss"
+
+
+def test_token_mean_with_context_parallelism_counts_over_dp_and_cp(tmp_path: Path) -> None:
+    text = (ROOT / "plans" / "llama_tiny_cp.tvp").read_text() \
+        .replace("batch 4 seq 8", "batch 4 seq 8 ignore_index -100") \
+        .replace("mesh dp=2, cp=2", "mesh dp=2, cp=2\nloss-reduction token-mean") \
+        .replace("op=avg", "op=sum")
+    result = simulate_file(plan(tmp_path, text))
+    assert result.agrees, result.mismatches[:3]
+    # counted over dp only, the cp halves of a sequence divide by different counts
+    wrong = text.replace("loss-reduction token-mean", "loss-reduction token-mean over dp")
+    with pytest.raises(SimulationSetupError) as error:  # the scale is off by cp: TVP411
+        simulate_file(plan(tmp_path, wrong, "wrong.tvp"))
+    assert [d.code.id for d in error.value.diagnostics] == ["TVP411"]
+
+
+def test_token_mean_on_the_last_pipeline_stage(tmp_path: Path) -> None:
+    text = (f"plan pp\nspec {LLAMA} batch 4 seq 8 ignore_index -100\n"
+            "spec-optimizer sgd lr=0.01\nmesh pp=2, dp=2\nmicrobatches 2\n"
+            "loss-reduction token-mean\nsplit tokens [dp, -]\nsplit labels [dp, -]\n"
+            "pipeline-stage 0: embed, layers[0]\n"
+            "pipeline-stage 1: layers[1], norm, output, loss\n"
+            "all-reduce grad(params) over dp op=sum\noptimizer sgd lr=0.01\n")
+    result = simulate_file(plan(tmp_path, text))
+    assert result.agrees, result.mismatches[:3]
+
+
+def test_the_parallel_program_carries_the_count_graph(tmp_path: Path) -> None:
+    from trainverify_dsl import api
+
+    path = plan(tmp_path, masked_dp("loss-reduction token-mean",
+                                    "all-reduce grad(params) over dp op=sum"))
+    program = api.build_programs(path, shrink=False).program
+    assert not parallel_problems(program)
+    loss = program.loss
+    assert loss.mode == "token-mean" and loss.counted == ("dp",) and loss.count is not None
+    assert {g.name for g in loss.count.inputs} == {"labels"}
+    (stage,) = program.stages
+    assert [s.kind for s in stage.inputs].count("denominator") == 1
+    assert "count" not in stage.graph.output_names
+    assert "token-mean" in loss.describe()
+
+
+# ---------------------------------------------------------------- misuse
+
+
+@pytest.mark.parametrize(("line", "code", "col"), [
+    ("loss-reduction mean", "TVP255", 16),
+    ("loss-reduction sum", "TVP255", 1),
+    ("loss-reduction sum scale=-1", "TVP255", 1),
+    ("loss-reduction local-mean over dp", "TVP255", 1),
+    ("loss-reduction token-mean scale=2", "TVP260", 27),
+    ("loss-reduction token-mean over zz", "TVP207", 32),
+])
+def test_a_malformed_statement_is_a_lint_error_at_it(tmp_path: Path, line: str, code: str,
+                                                     col: int) -> None:
+    path = plan(tmp_path, f"plan p\nspec {LLAMA} batch 4 seq 8\nmesh dp=2\n{line}\n")
+    diagnostics = [d for d in resolve_file(path, project_root=ROOT).diagnostics
+                   if d.severity == "error"]
+    assert [(d.code.id, d.span.line, d.span.col) for d in diagnostics] == [(code, 4, col)]
+
+
+def test_counts_over_an_axis_that_splits_no_input_are_refused(tmp_path: Path) -> None:
+    text = masked_dp("loss-reduction token-mean over dp, tp",
+                     "all-reduce grad(params) over dp op=sum").replace("mesh dp=2",
+                                                                       "mesh dp=2, tp=2")
+    with pytest.raises(SimulationSetupError) as error:
+        simulate_file(plan(tmp_path, text))
+    assert [(d.code.id, d.span.line) for d in error.value.diagnostics] == [("TVP414", 6)]
+
+
+def test_token_mean_with_an_averaging_sync_is_a_scale_error(tmp_path: Path) -> None:
+    text = masked_dp("loss-reduction token-mean", "all-reduce grad(params) over dp op=avg")
+    with pytest.raises(SimulationSetupError) as error:
+        simulate_file(plan(tmp_path, text))
+    assert [d.code.id for d in error.value.diagnostics] == ["TVP411"]
+
+
+def test_sum_is_never_simulated_shrunk(tmp_path: Path) -> None:
+    text = (ROOT / "plans" / "llama3_8b_dp.tvp").read_text()
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("mesh"))
+    lines.insert(at + 1, "loss-reduction sum scale=1/1024")
+    with pytest.raises(SimulationSetupError, match="full-size token count"):
+        simulate_file(plan(tmp_path, "\n".join(lines) + "\n"))
+
+
+def test_the_statement_formats_and_round_trips() -> None:
+    text = "loss-reduction   token-mean over (dp,cp)\nloss-reduction sum  scale=1/4096\n"
+    assert format_source(text).text == ("loss-reduction token-mean over dp, cp\n"
+                                        "loss-reduction sum scale=1/4096\n")
+    reduction = resolve_source("plan p\nmesh dp=2, cp=2\nloss-reduction token-mean over cp, dp\n",
+                               "p.tvp").plan.loss_reduction
+    assert reduction is not None and reduction.mode == "token-mean"
+    assert reduction.axes == ("cp", "dp")

@@ -1,0 +1,185 @@
+"""How each rank normalises its local loss: ``loss-reduction`` (docs/semantics.md §4.3).
+
+The spec's loss ends in its *normaliser*: ``mean(x)`` over every dimension (the reference
+losses without an ignore index, the MLP's MSE), or ``S / C``, a sum of per-token losses over
+a token count (a loss with an ignore index: ``sum(where(counted, ℓ, 0)) / sum(counted)``),
+possibly under a negation or a constant factor. Run locally the normaliser divides by the
+rank's own count; ``loss-reduction`` states what the plan divides by instead:
+
+- ``local-mean`` (default): the rank's own count, the spec's function on the local pieces
+  (Rule 4.2). For a ``mean`` root this is the ordinary lowering of ``mean`` (nothing here
+  runs); for a ratio ``S / C`` it is the local ratio, whose layout is called ``Partial(avg)``
+  over the axes its sums are partial over — what §4.6 compares as the mean of the local
+  losses, equal to the spec's loss only when every data block counts the same tokens;
+- ``token-mean [over A]``: ``S`` divided by the **step's** count ``D``: the local counts
+  summed over the microbatches and the data blocks along ``A`` (every data axis by default),
+  computed before the first microbatch as Megatron-LM's per-token loss and Hugging Face's
+  ``num_items_in_batch`` do. The count becomes an output ``count`` of the loss stage (a
+  graph of the data alone) and ``D`` an input ``denominator``; the loss is ``Partial(sum)``;
+- ``sum scale=s``: ``s * S``, ``Partial(sum)``.
+
+The algorithms that replace the loss (``vocab-parallel-cross-entropy``) compute ``S`` and
+``C`` themselves and call ``normalise``; everything else comes through ``lower_root``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout
+from trainverify_dsl.lower.findings import Finding, LoweringError
+from trainverify_dsl.plan import vocab
+from trainverify_dsl.report import codes_lower
+from trainverify_dsl.spec.convert import packet_name
+
+aten = torch.ops.aten
+
+#: The name of the stage input that carries the step's denominator, and of the count output.
+DENOMINATOR = "loss.denominator"
+COUNT = "loss.count"
+
+
+@dataclass(frozen=True, slots=True)
+class Root:
+    """The spec loss's normaliser: ``node`` is the ``mean`` or the ``div``; for a ratio
+    ``numerator``/``count`` are its operands, for a mean ``numerator`` is the averaged
+    tensor and ``count`` is ``None``."""
+
+    node: torch.fx.Node
+    numerator: torch.fx.Node
+    count: torch.fx.Node | None
+
+
+def find_root(loss: Any) -> Root | None:
+    """The normaliser under ``loss``: through negations and constant factors down to a
+    ``mean`` over every dimension or a ``div`` of two tensors; ``None`` for any other loss."""
+    node = loss
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        name = packet_name(node.target)
+        if name == "aten.neg":
+            node = node.args[0]
+            continue
+        if name in ("aten.mul", "aten.div") and len(node.args) == 2:
+            a, b = node.args
+            if isinstance(a, torch.fx.Node) and isinstance(b, (int, float)):
+                node = a
+                continue
+            if name == "aten.mul" and isinstance(b, torch.fx.Node) and \
+                    isinstance(a, (int, float)):
+                node = b
+                continue
+        break
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return None
+    name = packet_name(node.target)
+    if name == "aten.div" and len(node.args) == 2 and \
+            all(isinstance(a, torch.fx.Node) for a in node.args):
+        return Root(node, node.args[0], node.args[1])
+    if name == "aten.mean" and isinstance(node.args[0], torch.fx.Node):
+        x = node.args[0]
+        rank = x.meta["val"].dim()
+        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        if dims is None or dims == [] or \
+                {d % rank for d in (dims if isinstance(dims, (list, tuple)) else [dims])} \
+                == set(range(rank)):
+            return Root(node, x, None)
+    return None
+
+
+def mode_of(plan: Any) -> str:
+    reduction = plan.loss_reduction
+    return vocab.LOSS_REDUCTION_DEFAULT if reduction is None else reduction.mode
+
+
+def intercepts(plan: Any, root: Root | None) -> bool:
+    """Whether the loss's normaliser is lowered here (else by the ordinary rules): a ratio
+    always, a mean when the plan states a reduction other than ``local-mean``."""
+    if root is None:
+        return False
+    return root.count is not None or mode_of(plan) != vocab.LOSS_REDUCTION_DEFAULT
+
+
+def no_root(plan: Any) -> LoweringError:
+    reduction = plan.loss_reduction
+    return LoweringError(Finding(
+        codes_lower.LOSS_REDUCTION_MISMATCH,
+        f"`loss-reduction {reduction.mode}` needs a loss that ends in a mean over every "
+        "dimension or a sum divided by a token count; the spec's loss ends otherwise",
+        reduction.origin, "loss"))
+
+
+def lower_root(lw: Any, root: Root) -> tuple[torch.fx.Node, TLayout]:
+    """The local normaliser of the spec's loss, on the loss stage (``lw.stage``)."""
+    stage = lw.stage
+    if root.count is None:  # a mean: its sum over every dimension, the local element count
+        x = root.numerator
+        lay = lw.layout(x)
+        if lay.partial:
+            raise LoweringError(Finding(
+                codes_lower.PARTIAL_NONLINEAR, "the loss averages a partial sum over "
+                f"{', '.join(lay.partial[1])}: reduce it first", lay.cause, "loss"))
+        local_x = lw.value(stage, x)
+        numerator = lw.emit(aten.sum.dim_IntList, (local_x, []))
+        axes = tuple(a for d in range(lay.rank) for a in lay.dim_axes(d))
+        count: Any = int(local_x.meta["val"].numel())
+        cause = lay.cause
+    else:
+        s_lay, c_lay = lw.layout(root.numerator), lw.layout(root.count)
+        if (s_lay.partial or ("sum", ()))[0] != "sum" or s_lay.partial != c_lay.partial:
+            raise LoweringError(Finding(
+                codes_lower.PARTIAL_NONLINEAR, "the loss divides a sum partial over "
+                f"{_axes_text(s_lay)} by a count partial over {_axes_text(c_lay)}: a token "
+                "mean needs both summed over the same ranks", s_lay.cause or c_lay.cause,
+                "loss"))
+        numerator = lw.value(stage, root.numerator)
+        count = lw.value(stage, root.count)
+        axes = s_lay.partial[1] if s_lay.partial else ()
+        cause = s_lay.cause
+    return normalise(lw, numerator, count, axes, cause)
+
+
+def normalise(lw: Any, numerator: torch.fx.Node, count: torch.fx.Node | int,
+              axes: tuple[str, ...], cause: Any) -> tuple[torch.fx.Node, TLayout]:
+    """``numerator`` (this rank's sum of per-token losses, partial over ``axes``) divided as
+    the plan's ``loss-reduction`` says, with its layout; a ``token-mean`` registers the
+    count output and the denominator input of the loss stage."""
+    plan = lw.plan
+    mode = mode_of(plan)
+    reduction = plan.loss_reduction
+    scalar = TLayout(())
+    if mode == "local-mean":
+        out = lw.emit(aten.div.Tensor, (numerator, count))
+        return out, scalar.with_partial(("avg", axes), cause) if axes else scalar
+    origin = reduction.origin
+    if mode == "sum":
+        out = lw.emit(aten.mul.Tensor, (numerator, float(reduction.scale)))
+        return out, scalar.with_partial(("sum", axes), origin) if axes else scalar
+    data = lw.binding.data_axes()
+    counted = reduction.axes or tuple(a for a in lw.plan.mesh.names if a in data)
+    outside = [a for a in counted if a not in data]
+    if outside:
+        raise LoweringError(Finding(
+            codes_lower.LOSS_REDUCTION_MISMATCH,
+            f"`loss-reduction token-mean over {', '.join(reduction.axes)}`: "
+            f"{', '.join(outside)} splits no model input, so its ranks hold the same tokens "
+            "and summing their counts would count them twice (docs/semantics.md §4.3)",
+            origin, "loss"))
+    if isinstance(count, int):
+        count = lw.emit(aten.full.default, ([], count), {"dtype": torch.int64})
+    dtype = numerator.meta["val"].dtype
+    denominator = lw.placeholder(lw.stage, DENOMINATOR, "denominator", "loss", scalar, dtype)
+    lw.loss_count = (count, tuple(counted))
+    out = lw.emit(aten.div.Tensor, (numerator, denominator))
+    summed = tuple(a for a in axes if a in counted or a == MICROBATCH_AXIS)
+    return out, scalar.with_partial(("sum", summed), origin) if summed else scalar
+
+
+def _axes_text(lay: TLayout) -> str:
+    return ", ".join(lay.partial[1]) if lay.partial else "no axis"
+
+
+__all__ = ["COUNT", "DENOMINATOR", "Root", "find_root", "intercepts", "lower_root",
+           "normalise", "no_root"]

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 WORDS = (
     "plan spec mesh microbatches loss-scale loss-reduction use split replicate partial all-reduce all-gather "
     "reduce-scatter all-to-all copy scatter send pipeline-stage optimizer spec-optimizer "
-    "clip-grad-norm algorithm template apply for in over from to backward schedule shard grad "
+    "clip-grad-norm on algorithm template apply for in over from to backward schedule shard grad "
     "params loss dp tp pp cp ep sp mp layers l x tokens labels op=sum op=avg op=max dim=0 dim=1 "
     "dim=2 dim=-1 split-dim=0 concat-dim=1 sgd adam adamw lr=0.1 lr=1e1000 momentum=0.9 "
     "betas=(0.9,0.95) eps=1e-8 weight-decay=0.1 identity gpipe 1f1b interleaved-1f1b "

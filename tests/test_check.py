@@ -31,7 +31,8 @@ VERIFIED_PLANS = ["mlp_tiny_dp", "mlp_dp_tp", "mlp_tiny_zero", "mlp_tiny_overlap
                   pytest.param("llama_tiny_smoothing", marks=pytest.mark.slow),
                   pytest.param("llama_tiny_masked", marks=pytest.mark.slow)]
 MLP_BUGS = ["loss_not_scaled", "loss_scaled_twice", "sum_instead_of_avg",
-            "zero_reduce_scatter_order", "grad_sync_before_last_microbatch"]
+            "zero_reduce_scatter_order", "grad_sync_before_last_microbatch",
+            "optimizer_lr_on_one_rank"]
 
 
 def bug_line(path: Path) -> int:

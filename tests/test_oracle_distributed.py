@@ -55,7 +55,8 @@ NOT_LOWERABLE = ["plans/bugs/allgather_instead_of_allreduce.tvp",
 #: lint` rejects, a loss reduction other than the local mean
 REFUSED = {"plans/bugs/interleaved_without_virtual_stages.tvp": "the plan has errors",
            "plans/bugs/optimizer_eps_differs.tvp": "the plan has errors",
-           "plans/bugs/loss_divided_by_padded_tokens.tvp": "is not run by the oracle"}
+           "plans/bugs/loss_divided_by_padded_tokens.tvp": "is not run by the oracle",
+           "plans/bugs/optimizer_lr_on_one_rank.tvp": "are not run by the oracle"}
 #: bug plans whose effect on the compared tensors is small: a clip coefficient off by a fifth
 #: scales lr * grad, which is small next to the parameters it updates
 SMALL_EFFECT = {"plans/bugs/grad_norm_counts_tp_copies.tvp": 1e-7}

@@ -21,7 +21,7 @@ TOKENS = [
     "plan", "spec", "mesh", "microbatches", "loss-scale", "loss-reduction", "use", "split",
     "replicate",
     "partial", "place", "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "copy",
-    "scatter", "send", "pipeline-stage", "optimizer", "clip-grad-norm", "algorithm",
+    "scatter", "send", "pipeline-stage", "optimizer", "clip-grad-norm", "on", "algorithm",
     "template", "apply", "for", "in", "over", "from", "to", "backward", "schedule", "shard",
     "grad", "dp", "tp", "layers", "l", "x", "weight-decay", "1f1b", "interleaved-1f1b",
     "S", "R", "P", "Shard", "sum", "avg", "identity", "*", "w*", "?", "0", "8", "3e-4",

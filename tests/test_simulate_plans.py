@@ -36,7 +36,9 @@ LAYOUT_BLIND = ("expert_grads_wrong_group",
                 # the smoothing term is a value inside the loss algorithm
                 "label_smoothing_per_partition",
                 # a stated scale is a number about the token count, which only the values show
-                "loss_divided_by_padded_tokens")
+                "loss_divided_by_padded_tokens",
+                # another hyper-parameter on one rank is a value of the optimizer step
+                "optimizer_lr_on_one_rank")
 #: bug plans whose diagnostic stands elsewhere than the header's line, and why: the missing
 #: context-parallel algorithm would go after line 16, and the error is at the split of the
 #: sequence that needs it (`split tokens [dp, cp]`, line 15)

@@ -8,7 +8,7 @@ The enumeration is statement kind x target x axis class over the bias-free two-l
 - kinds: the layout statements (split, replicate, partial, place), the collectives
   (all-reduce, all-gather, reduce-scatter, all-to-all, copy, scatter), and send,
   pipeline-stage, the optimizer's ``shard over``, loss-scale, loss-reduction, clip-grad-norm,
-  algorithm;
+  a per-rank ``on``, algorithm;
 - targets: an activation ``X.out``, an activation ``X.in``, a parameter, ``grad(...)``,
   ``loss``, a model input;
 - axes: a data axis (``dp``, splitting the batch), a tensor axis (``tp``), and ``pp``.
@@ -158,6 +158,7 @@ OTHERS = [("send", t, "pp") for t in TARGETS] + [
     ("shard", "optimizer", "dp"),
     ("shard", "optimizer", "tp"), ("shard", "optimizer", "pp"), ("loss-scale", "seed", "-"),
     ("clip-grad-norm", "grads", "-"), ("loss-reduction", "loss", "-"),
+    ("on", "optimizer", "dp"),
     ("algorithm", "module", "tp"),
     ("algorithm", "module", "pp")]
 
@@ -368,6 +369,9 @@ SCENARIOS: dict[tuple[str, str, str], Outcome] = {
     # averaged over dp the step's count divides twice (TVP411)
     ("loss-reduction", "loss", "-"): Honoured("dp", "loss-reduction local-mean",
                                               "loss-reduction token-mean", "TVP411"),
+    # the plan-wide step restated on dp=1 agrees; another learning rate there differs
+    ("on", "optimizer", "dp"): Honoured("dp", "on dp=1: optimizer sgd lr=0.1",
+                                        "on dp=1: optimizer sgd lr=0.2", DIFFERS),
     ("algorithm", "module", "tp"): Spec("TVP408",
                                         "algorithm vocab-parallel-embedding for fc1 over tp",
                                         "tp"),
@@ -555,6 +559,12 @@ def recorded(lw: Lowered, text: str, statement: str) -> bool:
         clip = parallel_program(lw).clip
         return clip is not None and clip.origin.span is not None and \
             clip.origin.span.line == line
+    if statement.startswith("on "):  # the optimizer's per-rank override (§6.4)
+        from trainverify_dsl.lower.program import parallel_program
+
+        opt = parallel_program(lw).optimizer
+        return opt is not None and any(o.origin.span is not None and o.origin.span.line == line
+                                       for o in opt.overrides)
     if statement.startswith("loss-reduction"):  # the program's loss reduction (§4.3)
         from trainverify_dsl.lower.program import parallel_program
 

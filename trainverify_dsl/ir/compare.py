@@ -310,10 +310,16 @@ def _check_updates(pair: Pair) -> None:
             if name not in pair.want:
                 pair.fail("updates", name, span, "the spec's optimizer has no such state")
                 continue
-            for rank, mine in sorted(pair.got.updates.items()):
+            # ranks under a per-rank override first: a difference there is reported at the
+            # override, before the copies it reaches through a ZeRO all-gather
+            for rank, mine in sorted(pair.got.updates.items(), key=lambda item: (
+                    opt.override_for(pair.mesh.coords(item[0])) is None, item[0])):
                 if name in mine:
                     want = take_local(pair.want[name], layout, pair.coords(rank), sizes)
-                    pair.compare("updates", name, rank, mine[name], want, span)
+                    # a rank under a per-rank override is reported at the override (§6.4)
+                    override = opt.override_for(pair.mesh.coords(rank))
+                    at = override.origin.span if override is not None else span
+                    pair.compare("updates", name, rank, mine[name], want, at)
     for name in pair.want:
         if name.startswith("new(") and not any(name in m for m in pair.got.updates.values()):
             pair.fail("updates", name, span, "no rank computes this update")

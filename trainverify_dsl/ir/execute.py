@@ -298,17 +298,21 @@ class _Run:
         final = self.p.final_grad_layouts()[u.param]
         names = [g.name for g in u.graph.inputs]
         pieces: dict[int, np.ndarray] = {}
+        opt = self.p.optimizer
+        assert opt is not None
         for rank, acc in sorted(self.clipped.items()):
             if u.param not in acc:
                 continue
             coords = self.coords(rank)
+            override = opt.override_for(coords)  # §6.4: this rank's own hyper-parameters
+            graph = dict(override.graphs)[u.param] if override is not None else u.graph
             grad = acc[u.param]
             if final != u.block:  # complete on the rank: take its block (§6.2)
                 grad = _block_of(grad, u.layout, u.block, coords, self.sizes)
             local = [take_local(self.values[u.param], u.block, coords, self.sizes), grad]
             local += [take_local(self.values[f"{s}({u.param})"], u.block, coords, self.sizes)
                       for s in u.states]
-            result = evaluate_graph(u.graph, dict(zip(names, local, strict=True)), self.domain)
+            result = evaluate_graph(graph, dict(zip(names, local, strict=True)), self.domain)
             mine = self.out.updates.setdefault(rank, {})
             for s in u.states:
                 mine[f"new({s}({u.param}))"] = result[f"new({s})"]

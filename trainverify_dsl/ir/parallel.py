@@ -144,6 +144,21 @@ class ParamUpdate:
 
 
 @dataclass(frozen=True, slots=True)
+class OptimizerOverride:
+    """A per-rank override (§6.4): on the ranks whose mesh coordinates are ``coords`` the
+    update of parameter ``p`` runs ``dict(graphs)[p]`` (the same inputs and block as the
+    plan-wide update, other hyper-parameters)."""
+
+    coords: tuple[tuple[str, int], ...]
+    hyper: tuple[tuple[str, object], ...]
+    graphs: tuple[tuple[str, Graph], ...]
+    origin: Source = NO_SOURCE
+
+    def matches(self, coords: Mapping[str, int]) -> bool:
+        return all(coords.get(axis) == k for axis, k in self.coords)
+
+
+@dataclass(frozen=True, slots=True)
 class OptimizerStep:
     kind: str
     #: hyper-parameters as written, exact (``betas`` a tuple)
@@ -151,6 +166,11 @@ class OptimizerStep:
     shard_axes: tuple[str, ...]
     updates: tuple[ParamUpdate, ...]
     origin: Source
+    #: ``on AXIS=K: optimizer ...``: at most one holds on any rank
+    overrides: tuple[OptimizerOverride, ...] = ()
+
+    def override_for(self, coords: Mapping[str, int]) -> OptimizerOverride | None:
+        return next((o for o in self.overrides if o.matches(coords)), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,7 +474,27 @@ def _optimizer_problems(program: ParallelProgram) -> list[str]:
                             f"the block's {u.block.local_shape(sizes)}")
     missing = {p for p, _ in program.param_layouts if program.holders(p)} - set(updated)
     problems += [f"the optimizer does not update {p}" for p in sorted(missing)]
+    for o in opt.overrides:
+        where = f"override on {_coords_text(o.coords)}"
+        if any(a not in sizes or not 0 <= k < sizes[a] for a, k in o.coords):
+            problems.append(f"{where}: a coordinate outside the mesh")
+        graphs = dict(o.graphs)
+        if set(graphs) != set(updated):
+            problems.append(f"{where}: updates {sorted(graphs)}, not the optimizer's parameters")
+        for u in opt.updates:
+            g = graphs.get(u.param)
+            if g is not None and g.inputs != u.graph.inputs:
+                problems.append(f"{where}: the update of {u.param} has other inputs")
+    for i, a in enumerate(opt.overrides):
+        for b in opt.overrides[i + 1:]:
+            if all(dict(a.coords).get(axis, k) == k for axis, k in b.coords):
+                problems.append(f"overrides on {_coords_text(a.coords)} and "
+                                f"{_coords_text(b.coords)} hold on the same ranks")
     return problems
+
+
+def _coords_text(coords: tuple[tuple[str, int], ...]) -> str:
+    return ", ".join(f"{a}={k}" for a, k in coords)
 
 
 # -- printer ---------------------------------------------------------------------------------
@@ -528,4 +568,11 @@ def _format_optimizer(opt: OptimizerStep | None, graphs: bool) -> list[str]:
         if graphs and u.graph not in printed:
             printed.add(u.graph)
             lines.append(format_graph(u.graph, "update").rstrip("\n"))
+    for o in opt.overrides:
+        hyper = " ".join(f"{k}={v}" for k, v in o.hyper)
+        lines.append(f"  on {_coords_text(o.coords)}: {opt.kind} {hyper}{_where(o.origin)}")
+        for _, g in o.graphs if graphs else ():
+            if g not in printed:
+                printed.add(g)
+                lines.append(format_graph(g, "update").rstrip("\n"))
     return lines

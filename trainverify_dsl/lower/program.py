@@ -22,6 +22,7 @@ from trainverify_dsl.ir.parallel import (
     GradSync,
     Lineage,
     LossReduction,
+    OptimizerOverride,
     OptimizerStep,
     ParallelProgram,
     ParamUpdate,
@@ -196,16 +197,30 @@ def _optimizer(lowered: Lowered, stages: tuple[Stage, ...]) -> OptimizerStep | N
     held = {s.spec: (st, s) for st in stages for s in st.output("grad")}
     sizes = lowered.sizes
     updates = []
+    types: dict[str, TensorType] = {}
     for param in lowered.binding.params:
         if param not in held:
             continue
         st, slot = held[param]
         block = zero_block(slot.layout, tuple(opt.shard_axes))
         dtype = st.graph.inputs[st.graph.input_index(param)].type.dtype
-        graph = optim.update_graph(config, TensorType(block.local_shape(sizes), dtype))
+        types[param] = TensorType(block.local_shape(sizes), dtype)
+        graph = optim.update_graph(config, types[param])
         updates.append(ParamUpdate(param, slot.layout, block, config.states, graph))
+    overrides = []
+    for override in lowered.plan.overrides:  # §6.4: the same updates, other hyper-parameters
+        try:
+            other = optim.optimizer_config(override.optimizer.kind,
+                                           dict(override.optimizer.hyper))
+        except ValueError as error:
+            raise LoweringError(Finding(codes_lower.COLLECTIVE_MISMATCH, f"optimizer: {error}",
+                                        override.origin.report_span, "optimizer")) from None
+        overrides.append(OptimizerOverride(
+            override.coords, tuple(override.optimizer.hyper),
+            tuple((p, optim.update_graph(other, t)) for p, t in types.items()),
+            source_of(override.origin)))
     return OptimizerStep(opt.kind, tuple(opt.hyper), tuple(opt.shard_axes), tuple(updates),
-                         source_of(opt.origin))
+                         source_of(opt.origin), tuple(overrides))
 
 
 # -- lineages and claims ------------------------------------------------------------------------

@@ -107,6 +107,10 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float) -> RankJob:
         raise OracleError(f"{path}: the oracle runs one stage per pp rank; virtual stages "
                           "(`schedule interleaved-1f1b`) are not run by it (use `tvp "
                           "simulate`)")
+    if plan.overrides:
+        raise OracleError(f"{path}: per-rank overrides (`on ...: optimizer ...`) are not run "
+                          "by the oracle (every rank runs the plan-wide optimizer; use `tvp "
+                          "simulate`)")
     if plan.loss_reduction is not None and plan.loss_reduction.mode != "local-mean":
         raise OracleError(f"{path}: `loss-reduction {plan.loss_reduction.mode}` is not run by "
                           "the oracle (it divides every local loss by the rank's own count; use "

@@ -366,6 +366,23 @@ class ClipGradNormDecl:
 
 
 @dataclass(frozen=True, slots=True)
+class OnCoord:
+    axis: Ident
+    value: Expr
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class OnStmt:
+    """``on dp=1: optimizer adamw lr=1e-3 eps=1e-6``: the statement holds on the ranks with
+    those coordinates, in place of the plan-wide one (a per-rank override)."""
+
+    coords: tuple[OnCoord, ...]
+    body: OptimizerDecl
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
 class AlgorithmStmt:
     """``algorithm vocab-parallel-cross-entropy for output, loss over tp``."""
 
@@ -419,7 +436,8 @@ Statement = (
     PlanHeader | SpecDecl | MeshDecl | MicrobatchesDecl | LossScaleDecl | LossReductionDecl
     | UseDecl
     | SplitStmt | ReplicateStmt | PartialStmt | PlaceStmt | CollectiveStmt | SendStmt
-    | PipelineStageStmt | OptimizerDecl | SpecOptimizerDecl | ClipGradNormDecl | AlgorithmStmt
+    | PipelineStageStmt | OptimizerDecl | SpecOptimizerDecl | ClipGradNormDecl | OnStmt
+    | AlgorithmStmt
     | TemplateDef | ApplyStmt | ForStmt
 )
 

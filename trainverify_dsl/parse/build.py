@@ -288,6 +288,13 @@ class AstBuilder:
     def shard(self, raw, children) -> _Shard:
         return _Shard(children[0].axes, self.span(raw))
 
+    def on_stmt(self, raw, children) -> ast.OnStmt:
+        *coords, body = children
+        return ast.OnStmt(tuple(coords), body, self.span(raw))
+
+    def on_coord(self, raw, children) -> ast.OnCoord:
+        return ast.OnCoord(self.ident(children[0]), children[1], self.span(raw))
+
     def clip_grad_norm_decl(self, raw, children) -> ast.ClipGradNormDecl:
         max_norm, *rest = children
         axes = next((c.axes for c in rest if isinstance(c, _Axes)), ())

@@ -180,7 +180,7 @@ STATEMENT_KEYWORDS = (
     "replicate",
     "partial", "place", "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "copy",
     "scatter", "send", "pipeline-stage", "optimizer", "spec-optimizer", "clip-grad-norm",
-    "algorithm",
+    "on", "algorithm",
     "template", "apply", "for",
 )
 

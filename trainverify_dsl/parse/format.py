@@ -243,6 +243,11 @@ def _optimizer_decl(s: ast.OptimizerDecl) -> str:
     return f"optimizer {s.kind.name}{_options(s.options)}{shard}"
 
 
+def _on_stmt(s: ast.OnStmt) -> str:
+    coords = ", ".join(f"{c.axis.name}={expr_text(c.value)}" for c in s.coords)
+    return f"on {coords}: {_optimizer_decl(s.body)}"
+
+
 def _loss_reduction_decl(s: ast.LossReductionDecl) -> str:
     axes = _over(s.axes) if s.axes else ""
     return f"loss-reduction {s.mode.name}{axes}{_options(s.options)}"
@@ -280,7 +285,7 @@ def _for_stmt(s: ast.ForStmt) -> str:
 _STATEMENT_PRINTERS = {
     ast.PlanHeader: _plan_header, ast.SpecDecl: _spec_decl, ast.MeshDecl: _mesh_decl,
     ast.MicrobatchesDecl: _microbatches_decl, ast.LossScaleDecl: _loss_scale_decl,
-    ast.LossReductionDecl: _loss_reduction_decl,
+    ast.LossReductionDecl: _loss_reduction_decl, ast.OnStmt: _on_stmt,
     ast.UseDecl: _use_decl, ast.SplitStmt: _split_stmt, ast.ReplicateStmt: _replicate_stmt,
     ast.PartialStmt: _partial_stmt, ast.PlaceStmt: _place_stmt,
     ast.CollectiveStmt: _collective_stmt, ast.SendStmt: _send_stmt,

@@ -32,6 +32,7 @@ from trainverify_dsl.plan.model import (
     Origin,
     PipelineStage,
     Plan,
+    RankOverride,
     Send,
     SpecRef,
     TensorPattern,
@@ -86,15 +87,16 @@ class Builder:
         microbatches, schedule = self._microbatches()
         loss_scale = self._loss_scale()
         parts, layouts = self._statements()
+        optimizer = self._optimizer()
         return Plan(
             name=self._name(), file=self.main_file, spec=spec, mesh=self.mesh,
             microbatches=microbatches, schedule=schedule, loss_scale=loss_scale,
             layouts=layouts, collectives=tuple(parts.collectives), sends=tuple(parts.sends),
-            stages=tuple(parts.stages), optimizer=self._optimizer(),
+            stages=tuple(parts.stages), optimizer=optimizer,
             spec_optimizer=self._optimizer(ast.SpecOptimizerDecl),
             clip_grad_norm=self._clip(), algorithms=tuple(parts.algorithms),
             files=tuple(self.files), header_origins=self._header_origins(),
-            loss_reduction=self._loss_reduction())
+            loss_reduction=self._loss_reduction(), overrides=self._overrides(optimizer))
 
     # ------------------------------------------------------------ headers
 
@@ -509,6 +511,85 @@ class Builder:
         shard = self._axes(shard_axes, origin, f"optimizer {kind} shard") if shard_axes else ()
         return Optimizer(kind, hyper, shard, origin, clip)
 
+    def _overrides(self, optimizer: Optimizer | None) -> tuple[RankOverride, ...]:
+        """``on AXIS=K, ...: optimizer ...`` (docs/semantics.md §6.4): coordinates of mesh axes
+        in range, the plan-wide optimizer's kind, no ``shard``, no rank matched twice."""
+        out: list[RankOverride] = []
+        for leaf in self.leaves:
+            stmt, origin = leaf.stmt, leaf.origin
+            if not isinstance(stmt, ast.OnStmt):
+                continue
+            coords = self._override_coords(stmt, origin)
+            body = stmt.body
+            kind = body.kind.name
+            if optimizer is None:
+                self._override_error("there is no plan-wide `optimizer` to override", origin,
+                                     "state the `optimizer` every other rank runs")
+                continue
+            if kind != optimizer.kind:
+                self._override_error(
+                    f"the override's optimizer is {kind}, the plan's is {optimizer.kind}: an "
+                    "override changes hyper-parameters, not the optimizer and its states",
+                    Origin(body.kind.span, origin.trail), f"write `optimizer {optimizer.kind} ...`")
+                continue
+            if body.shard_axes:
+                self._override_error("an override cannot shard the optimizer: the ZeRO blocks "
+                                     "are the plan-wide optimizer's", origin,
+                                     "remove `shard over ...` from the override")
+                continue
+            if coords is None or kind not in vocab.OPTIMIZER_HYPER:
+                continue
+            # what the override does not state is the plan-wide optimizer's
+            given = dict(self._hyper(body, kind, origin, required=()))
+            hyper = tuple((k, given.pop(k, v)) for k, v in optimizer.hyper) + \
+                tuple(given.items())
+            new = RankOverride(coords, Optimizer(kind, hyper, optimizer.shard_axes, origin),
+                               origin)
+            clash = next((o for o in out if _overlap(o.coords, coords)), None)
+            if clash is not None:
+                self.collector.add(messages.conflict(
+                    codes.RANK_OVERRIDE, "two overrides hold on the same ranks", clash.origin,
+                    origin, [], "give each rank at most one override"))
+                continue
+            out.append(new)
+        return tuple(out)
+
+    def _override_coords(self, stmt: ast.OnStmt, origin: Origin
+                         ) -> tuple[tuple[str, int], ...] | None:
+        coords: list[tuple[str, int]] = []
+        ok = True
+        for c in stmt.coords:
+            name, where = c.axis.name, Origin(c.span, origin.trail)
+            if self.mesh is None:
+                return None
+            if not self.mesh.has(name):
+                self.collector.add(messages.unknown_axis(
+                    name, self.mesh, Origin(c.axis.span, origin.trail), "on"))
+                ok = False
+                continue
+            if name in dict(coords):
+                self.collector.add(messages.at(
+                    codes.AXIS_USED_TWICE, f"mesh axis '{name}' is named twice in `on`", where,
+                    help="name each mesh axis once"))
+                ok = False
+                continue
+            value = self.evaluator.number(c.value, where)
+            if value is None:
+                ok = False
+                continue
+            size = self.mesh.size(name)
+            if value.denominator != 1 or not 0 <= value < size:
+                self._override_error(f"coordinate {name}={_shown(value)} is not one of the "
+                                     f"axis's 0 .. {size - 1}", where,
+                                     f"mesh axis {name} has {size} ranks")
+                ok = False
+                continue
+            coords.append((name, int(value)))
+        return tuple(coords) if ok else None
+
+    def _override_error(self, message: str, origin: Origin, help: str) -> None:
+        self.collector.add(messages.at(codes.RANK_OVERRIDE, message, origin, help=help))
+
     def _spec_clip(self, stmt: ast.SpecOptimizerDecl, origin: Origin) -> Fraction | None:
         """The reference recipe's ``clip-grad-norm=C`` (a positive number), if given."""
         option = next((o for o in stmt.options if o.key.name == vocab.SPEC_CLIP), None)
@@ -524,7 +605,8 @@ class Builder:
             return None
         return value
 
-    def _hyper(self, stmt: ast.OptimizerDecl, kind: str, origin: Origin):
+    def _hyper(self, stmt: ast.OptimizerDecl, kind: str, origin: Origin,
+               required: tuple[str, ...] = vocab.REQUIRED_HYPER):
         allowed = vocab.OPTIMIZER_HYPER[kind]
         hyper: list[tuple[str, OptionValue]] = []
         for option in stmt.options:
@@ -538,7 +620,7 @@ class Builder:
             if value is not None:
                 hyper.append((key, value))
         given = {o.key.name for o in stmt.options}
-        for key in vocab.REQUIRED_HYPER:
+        for key in required:
             if key not in given:
                 self.collector.add(messages.at(
                     codes.MISSING_HYPERPARAMETER, f"optimizer {kind} needs '{key}='", origin,
@@ -666,7 +748,15 @@ def _options_of(stmt: ast.Statement) -> tuple[ast.Option, ...]:
               | ast.SpecOptimizerDecl() | ast.LossReductionDecl()
               | ast.ClipGradNormDecl() | ast.AlgorithmStmt()):
             return stmt.options
+        case ast.OnStmt():
+            return stmt.body.options
     return ()
+
+
+def _overlap(a: tuple[tuple[str, int], ...], b: tuple[tuple[str, int], ...]) -> bool:
+    """Some rank matches both coordinate sets (they agree on every axis both name)."""
+    first = dict(a)
+    return all(first.get(axis, k) == k for axis, k in b)
 
 
 def _int(value: OptionValue | None) -> int | None:

@@ -34,7 +34,7 @@ _PLAIN_LEAVES = frozenset({
     ast.LossReductionDecl, ast.SplitStmt,
     ast.ReplicateStmt, ast.PartialStmt, ast.PlaceStmt, ast.CollectiveStmt, ast.SendStmt,
     ast.PipelineStageStmt, ast.OptimizerDecl, ast.SpecOptimizerDecl, ast.ClipGradNormDecl,
-    ast.AlgorithmStmt})
+    ast.OnStmt, ast.AlgorithmStmt})
 
 
 @dataclass(frozen=True, slots=True)

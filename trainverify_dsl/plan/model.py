@@ -10,6 +10,7 @@ column_parallel, applied at plans/x.tvp:12:5". Numbers are exact ``Fraction``s.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from fractions import Fraction
@@ -462,6 +463,20 @@ class ClipGradNorm:
 
 
 @dataclass(frozen=True, slots=True)
+class RankOverride:
+    """``on AXIS=K, ...: optimizer ...`` (docs/semantics.md §6.4): on the ranks whose mesh
+    coordinates are ``coords`` the optimizer step is ``optimizer`` (the plan-wide one's kind
+    and sharding, other hyper-parameters)."""
+
+    coords: tuple[tuple[str, int], ...]
+    optimizer: Optimizer
+    origin: Origin
+
+    def matches(self, coords: Mapping[str, int]) -> bool:
+        return all(coords.get(axis) == k for axis, k in self.coords)
+
+
+@dataclass(frozen=True, slots=True)
 class LossReduction:
     """``loss-reduction`` (docs/semantics.md §4.3): ``mode`` one of ``vocab.LOSS_REDUCTIONS``;
     ``axes`` the data axes whose token counts a ``token-mean`` sums (empty: every data axis);
@@ -506,6 +521,8 @@ class Plan:
     header_origins: tuple[tuple[str, Origin], ...] = ()
     #: ``loss-reduction`` (``None``: ``local-mean``, each rank's own token count)
     loss_reduction: LossReduction | None = None
+    #: ``on AXIS=K: optimizer ...``: per-rank optimizer overrides, in statement order
+    overrides: tuple[RankOverride, ...] = ()
 
     def header_origin(self, name: str) -> Origin | None:
         return next((origin for key, origin in self.header_origins if key == name), None)

@@ -348,6 +348,19 @@ VIRTUAL_STAGES = _code(
     "pipeline-stage 1: layers[1:2], layers[3:4], norm, output, loss\n",
 )
 
+RANK_OVERRIDE = _code(
+    "TVP249", "rank-override", "a per-rank override that cannot hold",
+    "`on AXIS=K, ...: optimizer ...` replaces the plan-wide optimizer on the ranks with those "
+    "coordinates (docs/semantics.md §6.4). Each coordinate must name a mesh axis and lie in "
+    "0 .. size-1; the plan must have an `optimizer` of the same kind (the override changes "
+    "hyper-parameters, not the optimizer states); the ZeRO sharding is the plan-wide one (no "
+    "`shard` in an override); and no rank may match two overrides.",
+    "An override that matches no rank, or two that disagree on one rank, leaves it unclear "
+    "what that rank runs.",
+    _HEAD + _MESH + "optimizer adamw lr=1e-3\non dp=2: optimizer adamw lr=1e-3 eps=1e-6\n",
+    _HEAD + _MESH + "optimizer adamw lr=1e-3\non dp=1: optimizer adamw lr=1e-3 eps=1e-6\n",
+)
+
 # ---------------------------------------------------------------- step settings and optimizer
 
 INVALID_MICROBATCHES = _code(
@@ -506,7 +519,7 @@ CODES: tuple[Code, ...] = (
     SPLIT_AND_PARTIAL, CONFLICTING_LAYOUT, DUPLICATE_STATEMENT, SPLIT_NOT_DIVISIBLE,
     LAYOUT_RANK_MISMATCH, PIPELINE_AXIS_LAYOUT, PIPELINE_WITHOUT_PP, STAGE_OUT_OF_RANGE,
     STAGE_OVERLAP, STAGE_GAP, STAGE_ORDER, STAGE_COVERAGE, PIPELINE_AXIS_GROUP,
-    VIRTUAL_STAGES,
+    VIRTUAL_STAGES, RANK_OVERRIDE,
     INVALID_MICROBATCHES, INVALID_LOSS_SCALE, UNKNOWN_OPTIMIZER, UNKNOWN_HYPERPARAMETER,
     MISSING_HYPERPARAMETER, INVALID_OPTION_VALUE, GRADIENT_STATEMENT_KIND, UNKNOWN_OPTION,
     MISSING_OPTION, INVALID_BACKWARD, UNKNOWN_REDUCE_OP, UNKNOWN_ALGORITHM, UNKNOWN_SCHEDULE,

@@ -68,7 +68,7 @@ UNKNOWN_STATEMENT = _error(
     "Each statement starts with a keyword: plan, spec, mesh, microbatches, loss-scale, "
     "loss-reduction, use, "
     "split, replicate, partial, place, a collective, send, pipeline-stage, optimizer, "
-    "clip-grad-norm, algorithm, template, apply or for.",
+    "clip-grad-norm, on, algorithm, template, apply or for.",
     _WHY_STATEMENT,
     "allreduce grad(params) over dp\n",
     "all-reduce grad(params) over dp\n")

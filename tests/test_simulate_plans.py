@@ -22,6 +22,8 @@ CORRECT = ["mlp_tiny_dp", "mlp_tiny_zero", "llama_tiny_tp", "llama_tiny_sp",
            pytest.param("deepseek_tiny_tp", marks=pytest.mark.slow), "llama_tiny_cp", "mlp_dp_tp",
            "llama_tiny_interleaved", "llama_tiny_clip", "mlp_tiny_overlap",
            "llama_tiny_smoothing",
+           # embedding tied to the output head on two stages, the embedding group, ZeRO-1
+           "llama_tiny_tied",
            pytest.param("gpt2_3d", marks=pytest.mark.slow),
            # the quick-start plan at full mesh (128 ranks, 4 stages, 16 microbatches, TP+SP,
            # vocab-parallel embedding and cross-entropy, ZeRO-1 AdamW), shrunk widths

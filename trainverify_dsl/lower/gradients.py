@@ -17,7 +17,10 @@ statements:
 - a gradient partial over an axis no statement reduces (a missing ``copy``, a missing
   sequence-parallel norm all-reduce, a missing data-parallel all-reduce): TVP410
   ``missing-collective``, reported once per axis and cause, at the split statement that made
-  it partial;
+  it partial; a tied parameter used on several pp ranks (``pipeline_copies``) is partial over
+  ``pp`` (each stage's copy has its own uses' gradient, docs/semantics.md §5.4), reported at
+  the ``pipeline-stage`` that put its last use on another rank when no
+  ``all-reduce grad(P) over pp`` sums the copies;
 - ``op=avg`` over an axis that splits no input (avg divides a true sum), a reduction over an
   axis that splits the parameter (adds different slices) or over which its gradient is already
   complete with ``op=sum`` (multiplies it): TVP406 ``collective-mismatch``;

@@ -207,3 +207,36 @@ def test_clipping_counts_the_tied_copies_once(tmp_path: Path, replicas: str,
     assert result.agrees is agrees, result.mismatches[:3]
     if not agrees:
         assert {m.check for m in result.mismatches} >= {"clipping"}
+
+
+GPT2_TIED = """# GPT-2 tiny, output head tied to the token embedding, pp=2 x dp=2
+plan gpt2_tiny_tied
+spec "stdlib/models/gpt2.py:GPT2" config gpt2_tiny batch 8 seq 8 tie_embeddings true
+spec-optimizer adam lr=0.01 betas=(0.9, 0.95) eps=1e-8
+mesh pp=2, dp=2
+microbatches 2 schedule gpipe
+loss-scale 1/microbatches
+split tokens [dp, -]
+split labels [dp, -]
+pipeline-stage 0: embed, pos_embed, layers[0:1]
+pipeline-stage 1: layers[1:2], norm, output, loss
+all-reduce grad(embed.weight) over pp
+all-reduce grad(params) over dp op=avg
+optimizer adam lr=0.01 betas=(0.9, 0.95) eps=1e-8
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("summed", [True, False], ids=["summed", "not-summed"])
+def test_gpt2_with_a_tied_head_over_two_stages(tmp_path: Path, summed: bool) -> None:
+    """GPT-2 (learned positions, biases, the embedding sum in the root module): the same
+    rule; untied parameters keep one copy, only `embed.weight` is held on both stages."""
+    text = GPT2_TIED if summed else GPT2_TIED.replace(f"{GROUP}\n", "")
+    path = tmp_path / "gpt2_tied.tvp"
+    path.write_text(text, encoding="utf-8")
+    if summed:
+        assert_agrees(path)
+        return
+    found = errors_of(path)
+    assert [(code, at) for code, at, _ in found] == [
+        ("TVP410", line_of(path, "pipeline-stage 1: layers[1:2], norm, output, loss"))]

@@ -29,7 +29,8 @@ VERIFIED_PLANS = ["mlp_tiny_dp", "mlp_dp_tp", "mlp_tiny_zero", "mlp_tiny_overlap
                   pytest.param("llama_tiny_interleaved", marks=pytest.mark.slow),
                   pytest.param("llama_tiny_clip", marks=pytest.mark.slow),
                   pytest.param("llama_tiny_smoothing", marks=pytest.mark.slow),
-                  pytest.param("llama_tiny_masked", marks=pytest.mark.slow)]
+                  pytest.param("llama_tiny_masked", marks=pytest.mark.slow),
+                  pytest.param("llama_tiny_tied", marks=pytest.mark.slow)]
 MLP_BUGS = ["loss_not_scaled", "loss_scaled_twice", "sum_instead_of_avg",
             "zero_reduce_scatter_order", "grad_sync_before_last_microbatch",
             "optimizer_lr_on_one_rank"]
@@ -247,7 +248,7 @@ def test_the_api_checks_a_plan_given_as_text() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["missing_allreduce", "sp_norm_grad_not_reduced",
-                                  "avg_instead_of_sum"])
+                                  "avg_instead_of_sum", "tied_embedding_grads_not_summed"])
 def test_the_proof_alone_never_proves_a_bug_plan(name: str) -> None:
     """The numeric pre-check normally refutes these first; here the symbolic proof runs on
     the wrong programs by itself and must not call them equal (a normal form that merged

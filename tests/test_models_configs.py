@@ -20,7 +20,7 @@ def model_class(entry):
 
 
 def test_every_entry_names_a_model_file_and_layer_count():
-    assert len(CONFIGS) == 13
+    assert len(CONFIGS) == 15
     for name, entry in CONFIGS.items():
         assert {"model", "file", "n_layers"} <= set(entry), name
         assert (ROOT / entry["file"]).is_file(), name
@@ -52,7 +52,7 @@ def test_overrides_apply_and_unknown_names_are_rejected():
     assert len(model.layers) == 1 and model.config.hidden == 4096
     with pytest.raises(TypeError, match="no field"):
         Llama.from_config_name("llama_tiny", hiden=8)
-    with pytest.raises(KeyError, match="known: llama3_405b, llama3_70b"):
+    with pytest.raises(KeyError, match="known: llama3_2_1b, llama3_2_3b, llama3_405b"):
         Llama.from_config_name("gpt2_small")
 
 

@@ -16,10 +16,15 @@ PUBLISHED = [
     (DeepSeekV3, "deepseek_v3_236b", 235_741_434_880),
     (DeepSeekV3, "deepseek_v3_671b", 671_026_404_352),
     # Hugging Face's gpt2 has 124,439,808 parameters with the output head tied to the token
-    # embedding; ours is untied, which adds one more vocab x hidden matrix.
+    # embedding; ours is untied by default, which adds one more vocab x hidden matrix.
     (GPT2, "gpt2_small", 124_439_808 + 50257 * 768),
     (GPT2, "gpt2_medium", 354_823_168 + 50257 * 1024),
+    # Llama 3.2 ties its output head to the token embedding (configs say tie_embeddings)
+    (Llama, "llama3_2_1b", 1_235_814_400),
+    (Llama, "llama3_2_3b", 3_212_749_824),
 ]
+#: the same models with the head tied by a spec-line setting: the published tied counts
+TIED = [(GPT2, "gpt2_small", 124_439_808), (GPT2, "gpt2_medium", 354_823_168)]
 
 
 def on_meta(cls, name, **overrides):
@@ -30,6 +35,11 @@ def on_meta(cls, name, **overrides):
 @pytest.mark.parametrize(("cls", "name", "expected"), PUBLISHED, ids=[p[1] for p in PUBLISHED])
 def test_parameter_count_matches_published(cls, name, expected):
     assert count_parameters(on_meta(cls, name)) == expected
+
+
+@pytest.mark.parametrize(("cls", "name", "expected"), TIED, ids=[p[1] for p in TIED])
+def test_tied_parameter_count_matches_published(cls, name, expected):
+    assert count_parameters(on_meta(cls, name, tie_embeddings=True)) == expected
 
 
 LARGEST = [(Llama, "llama3_405b"), (DeepSeekV3, "deepseek_v3_671b")]

@@ -35,7 +35,9 @@ CORRECT = ["plans/mlp_tiny_dp.tvp", "plans/llama_tiny_tp.tvp", "plans/llama_tiny
            # gradient statements after every microbatch; clipping over the tp group
            "plans/mlp_tiny_overlap.tvp", "plans/llama_tiny_clip.tvp",
            # a label-smoothed loss through the vocab-parallel cross-entropy
-           "plans/llama_tiny_smoothing.tvp"]
+           "plans/llama_tiny_smoothing.tvp",
+           # a tied embedding on two stages, summed over the embedding group (pp), ZeRO-1
+           "plans/llama_tiny_tied.tvp"]
 #: bug plans checked in the fast run: gradient accumulation, a pipeline send, a collective's
 #: stated backward
 FAST_BUGS = ["plans/bugs/loss_not_scaled.tvp", "plans/bugs/send_wrong_stage.tvp",
@@ -143,6 +145,19 @@ def test_bug_plan_the_oracle_refuses(path: str) -> None:
 
     with pytest.raises((OracleError, SimulationSetupError), match=REFUSED[path]):
         run_distributed(ROOT / path, timeout=TIMEOUT)
+
+
+def test_an_embedding_group_over_some_of_the_stages_is_refused(tmp_path: Path) -> None:
+    """pp=3 with the tied embedding on stages 0 and 2: the embedding group is two of the three
+    pp ranks, a process group the oracle does not build; refused before any rank runs."""
+    text = (ROOT / "plans" / "llama_tiny_tied.tvp").read_text()
+    text = text.replace("mesh pp=2, dp=2", "mesh pp=3, dp=2").replace(
+        "pipeline-stage 1: layers[1:2], norm, output, loss",
+        "pipeline-stage 1: layers[1:2]\npipeline-stage 2: norm, output, loss")
+    path = tmp_path / "tied_pp3.tvp"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(OracleError, match="held on some of the 3 stages"):
+        run_distributed(path, timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("path", NOT_LOWERABLE, ids=_id)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 GOLDEN = ROOT / "tests" / "golden" / "parallel"
 SMALL = ("mlp_tiny_dp", "mlp_tiny_zero", "mlp_dp_tp", "llama_tiny_tp", "llama_tiny_sp",
          "llama_tiny_cp", "deepseek_tiny_ep", "deepseek_tiny_pp", "deepseek_tiny_tp",
-         "llama_tiny_interleaved")
+         "llama_tiny_interleaved", "llama_tiny_tied")
 
 IMPORT_PURITY = """
 import sys, pkgutil, importlib
@@ -110,6 +110,22 @@ def test_verifier_finds_a_reduction_over_pp_of_a_one_stage_parameter(programs: d
     sync = GradSync("all_reduce", ("pp",), "sum", 0, (param,), Source(None))
     broken = dataclasses.replace(program, grad_syncs=program.grad_syncs + (sync,))
     assert any("reduced over pp" in p for p in parallel_problems(broken))
+
+
+def test_verifier_accepts_only_the_embedding_group_over_pp(programs: dict) -> None:
+    """§5.4: over the pipeline axis only an all-reduce over pp alone, of a parameter held on
+    two or more pp ranks (the tied embedding), has a meaning."""
+    from trainverify_dsl.ir.parallel import parallel_problems
+
+    program = programs["llama_tiny_tied"]
+    group = next(s for s in program.grad_syncs if s.axes == ("pp",))
+    assert group.params == ("embed.weight",) and program.holding_ranks("embed.weight") == (0, 1)
+    assert parallel_problems(program) == []
+    for wrong in (dataclasses.replace(group, kind="reduce_scatter"),
+                  dataclasses.replace(group, axes=("dp", "pp"))):
+        syncs = tuple(wrong if s is group else s for s in program.grad_syncs)
+        problems = parallel_problems(dataclasses.replace(program, grad_syncs=syncs))
+        assert any("only the all-reduce of a tied parameter" in p for p in problems), problems
 
 
 def test_verifier_finds_an_update_at_the_wrong_shape(programs: dict) -> None:
@@ -220,7 +236,7 @@ if __name__ == "__main__" and "--update" in sys.argv:
 
 
 #: the DeepSeek plans take about 10 s each: `slow` (the fast loop keeps context parallelism)
-@pytest.mark.parametrize("name", ["llama_tiny_cp",
+@pytest.mark.parametrize("name", ["llama_tiny_cp", "llama_tiny_tied",
                                   pytest.param("deepseek_tiny_ep", marks=pytest.mark.slow),
                                   pytest.param("deepseek_tiny_pp", marks=pytest.mark.slow)])
 def test_rank_batched_evaluation_equals_rank_by_rank(name: str) -> None:

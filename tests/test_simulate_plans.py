@@ -22,10 +22,15 @@ CORRECT = ["mlp_tiny_dp", "mlp_tiny_zero", "llama_tiny_tp", "llama_tiny_sp",
            pytest.param("deepseek_tiny_tp", marks=pytest.mark.slow), "llama_tiny_cp", "mlp_dp_tp",
            "llama_tiny_interleaved", "llama_tiny_clip", "mlp_tiny_overlap",
            "llama_tiny_smoothing", "llama_tiny_masked",
+           # embedding tied to the output head on two stages, the embedding group, ZeRO-1
+           "llama_tiny_tied",
            pytest.param("gpt2_3d", marks=pytest.mark.slow),
            # the quick-start plan at full mesh (128 ranks, 4 stages, 16 microbatches, TP+SP,
            # vocab-parallel embedding and cross-entropy, ZeRO-1 AdamW), shrunk widths
-           pytest.param("llama3_8b_3d", marks=pytest.mark.slow)]
+           pytest.param("llama3_8b_3d", marks=pytest.mark.slow),
+           # Llama 3.2 1B with the tied embedding on both stages of pp=2, TP+SP, ZeRO-1 (32
+           # ranks, shrunk widths; about 80 s)
+           pytest.param("llama3_2_1b_tied", marks=pytest.mark.slow)]
 BUGS = sorted(p.stem for p in (ROOT / "plans" / "bugs").glob("*.tvp"))
 #: bug plans only the simulation finds (the full-size layout pass finds the others)
 LAYOUT_BLIND = ("expert_grads_wrong_group",

@@ -95,7 +95,7 @@ def prepare(path: str | Path, *, shrink: bool | None = None, real: bool = True,
     ``shrink``: ``None`` shrinks a model with a width above ``shrink.SMALL`` (or a batch
     above 64), ``True`` always shrinks, ``False`` never does."""
     from trainverify_dsl.shrink import NOT_CONFIG, needs_shrinking
-    from trainverify_dsl.spec.load import load_model, model_input_specs
+    from trainverify_dsl.spec.load import model_input_specs
 
     plan = resolve_plan(path)
     if plan.spec is None or plan.mesh is None:
@@ -120,8 +120,8 @@ def prepare(path: str | Path, *, shrink: bool | None = None, real: bool = True,
     batch = batch or plan.spec.batch or 1
     seq = seq or plan.spec.seq or 1
     kwargs = {**settings, **overrides}
-    fake = load_model(model_ref, **kwargs)
-    real_model = load_model(model_ref, fake=False, **kwargs) if real else None
+    fake = _build_model(plan, model_ref, settings, kwargs, fake=True)
+    real_model = _build_model(plan, model_ref, settings, kwargs, fake=False) if real else None
     specs = dict(model_input_specs(fake, batch, seq))
     mode = next(iter(fake.parameters())).fake_mode
     with mode:
@@ -129,6 +129,27 @@ def prepare(path: str | Path, *, shrink: bool | None = None, real: bool = True,
     used = {**overrides, "batch": batch, "seq": seq} if overrides or \
         (batch, seq) != (plan.spec.batch, plan.spec.seq) else {}
     return SimulationSetup(plan, fake, real_model, specs, fake_inputs, used, model_ref, kwargs)
+
+
+def _build_model(plan: Plan, model_ref: Any, settings: dict[str, Any], kwargs: dict[str, Any],
+                 fake: bool) -> Any:
+    """The model of the spec line. When the line sets config fields (``tie_embeddings
+    maybe``) and building fails, the error stands at the spec line, where the value was
+    written; the model file's location becomes a note."""
+    from trainverify_dsl.spec.errors import SpecError
+    from trainverify_dsl.spec.load import load_model
+
+    try:
+        return load_model(model_ref, fake=fake, **kwargs)
+    except SpecError as error:
+        assert plan.spec is not None
+        if not settings or plan.spec.origin.span is None:
+            raise
+        written = ", ".join(f"{k} {v}" for k, v in settings.items())
+        raise SpecError([replace(d, span=plan.spec.origin.span, notes=d.notes + (
+            f"building the model with the spec line's settings ({written})",
+            f"reported in {d.span.file}:{d.span.line}" if d.span is not None else
+            f"the model is `{plan.spec.model}`")) for d in error.diagnostics]) from None
 
 
 def locate_model(plan: Plan, path: Path, allow_outside_root: bool) -> Any:

@@ -41,11 +41,27 @@ def load_config(
         known = sorted(key for key, entry in configs.items() if entry.get("model") == model)
         raise KeyError(f"unknown {model} config {name!r}; known: {', '.join(known)}")
     values = {key: value for key, value in configs[name].items() if key not in LOCATION_KEYS}
-    field_names = {field.name for field in dataclasses.fields(config_cls)}
-    unknown = sorted(set(overrides) - field_names)
+    fields = {field.name: field for field in dataclasses.fields(config_cls)}
+    unknown = sorted(set(overrides) - set(fields))
     if unknown:
         raise TypeError(f"{config_cls.__name__} has no field(s) {', '.join(unknown)}")
-    return config_cls(**{**values, **overrides})
+    merged = {**values, **overrides}
+    for key, value in merged.items():
+        if fields[key].type in ("bool", bool):
+            merged[key] = as_flag(key, value)
+    return config_cls(**merged)
+
+
+def as_flag(key: str, value: Any) -> bool:
+    """A yes/no config field: a JSON ``true``/``false``, or the plan words ``true``/``false``
+    of a spec-line setting (``spec ... tie_embeddings true``). Anything else is an error:
+    a number or another word would be a guess."""
+    if isinstance(value, bool):
+        return value
+    if value in ("true", "false"):
+        return value == "true"
+    raise ValueError(f"{key} is a yes/no setting: write `{key} true` or `{key} false`, "
+                     f"not {value!r}")
 
 
 def count_parameters(module: nn.Module) -> int:
@@ -88,6 +104,15 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def tie_output_to_embedding(model: nn.Module) -> None:
+    """Tie ``model.output`` (an ``nn.Linear(hidden, vocab, bias=False)``) to ``model.embed``
+    (an ``nn.Embedding(vocab, hidden)``): the head computes ``h @ embed.weight.T``, and the
+    model has one parameter, ``embed.weight`` (``named_parameters`` reports a shared tensor
+    under its first name), whose gradient is the sum of both uses. The head stays a module of
+    its own, so a plan still places ``output`` on a pipeline stage and names ``output.in``."""
+    model.output.weight = model.embed.weight
 
 
 # --- rotary position embedding ------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""GPT-2 (pre-norm LayerNorm, learned positions, GELU-tanh MLP) with an untied output head."""
+"""GPT-2 (pre-norm LayerNorm, learned positions, GELU-tanh MLP); the output head is untied
+unless ``tie_embeddings`` (then it multiplies by the token embedding's weight, transposed, as
+Hugging Face's ``gpt2`` does)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from stdlib.models.common import (
     load_config,
     merge_heads,
     split_heads,
+    tie_output_to_embedding,
     token_input_specs,
 )
 
@@ -35,6 +38,8 @@ class GPT2Config:
     #: labels equal to it are not counted in the loss (torch's ``ignore_index``; Hugging
     #: Face's ``-100``); ``None``: every position counts
     ignore_index: int | None = None
+    #: the output head uses the token embedding's weight (one parameter, ``embed.weight``)
+    tie_embeddings: bool = False
 
     def __post_init__(self) -> None:
         if self.hidden % self.n_heads:
@@ -94,6 +99,8 @@ class GPT2(nn.Module):
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = nn.LayerNorm(config.hidden, eps=config.norm_eps)
         self.output = nn.Linear(config.hidden, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            tie_output_to_embedding(self)
 
     @classmethod
     def from_config_name(cls, name: str, **overrides: Any) -> GPT2:

@@ -1,4 +1,5 @@
-"""Llama 3 (RMSNorm, RoPE, grouped-query attention, SwiGLU, untied output head, no biases)."""
+"""Llama 3 (RMSNorm, RoPE, grouped-query attention, SwiGLU, no biases); the output head is
+untied unless ``tie_embeddings`` (Llama 3.2 1B and 3B tie it to the token embedding)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from stdlib.models.common import (
     repeat_kv,
     rope_tables,
     split_heads,
+    tie_output_to_embedding,
 )
 
 
@@ -44,6 +46,8 @@ class LlamaConfig:
     #: labels equal to it are not counted in the loss (torch's ``ignore_index``; Hugging
     #: Face's ``-100``); ``None``: every position counts
     ignore_index: int | None = None
+    #: the output head uses the token embedding's weight (one parameter, ``embed.weight``)
+    tie_embeddings: bool = False
 
     def __post_init__(self) -> None:
         if self.hidden % self.n_heads:
@@ -106,7 +110,8 @@ class Block(nn.Module):
 
 
 class Llama(RopeDecoderLM):
-    """Token embedding, `n_layers` pre-norm blocks, final RMSNorm, untied output projection.
+    """Token embedding, `n_layers` pre-norm blocks, final RMSNorm, output projection (tied to
+    the token embedding when the config says ``tie_embeddings``).
 
     The RoPE tables `rope_cos`/`rope_sin` `[max_seq_len, head_dim // 2]` are non-persistent
     buffers (not parameters, not in the state dict); `forward` uses their first `seq` rows.
@@ -119,6 +124,8 @@ class Llama(RopeDecoderLM):
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.hidden, config.norm_eps)
         self.output = nn.Linear(config.hidden, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            tie_output_to_embedding(self)
         cos, sin = rope_tables(
             config.head_dim, config.max_seq_len, config.rope_theta, config.rope_scaling
         )

@@ -240,16 +240,19 @@ class _Run:
         for sync in self.p.grad_syncs:
             if m is not None and not sync.reduces(m, self.p.microbatches):
                 continue
-            attrs = {"axis": ",".join(sync.axes), "op": sync.op,
-                     "group_size": self.mesh.group_size(sync.axes)}
-            if sync.kind == "reduce_scatter":
-                attrs["dim"] = sync.dim
             for param in sync.params:
                 for group in self.mesh.groups(sync.axes):
                     # a statement acts where the ranks hold the parameter (§4.5); the
-                    # verifier guarantees a group holds it on every member or on none
-                    if param not in grads.get(group[0], {}):
+                    # verifier guarantees a group holds it on every member or on none,
+                    # except over the pipeline axis: the embedding group of a tied
+                    # parameter is the members holding a copy (§5.4)
+                    group = [r for r in group if param in grads.get(r, {})]
+                    if not group:
                         continue
+                    attrs = {"axis": ",".join(sync.axes), "op": sync.op,
+                             "group_size": len(group)}
+                    if sync.kind == "reduce_scatter":
+                        attrs["dim"] = sync.dim
                     outs = self.domain.collective(sync.kind, [(grads[r][param],) for r in group],
                                                   attrs)
                     for r, out in zip(group, outs, strict=True):
@@ -263,11 +266,14 @@ class _Run:
         final = self.p.final_grad_layouts()
         squares, scales = dict(clip.squares), dict(clip.scales)
         totals: dict[int, Any] = {}
+        first = {p: self.p.holding_ranks(p)[0] for p, _ in self.p.param_layouts
+                 if len(self.p.holding_ranks(p)) > 1}
         for rank in range(self.mesh.world_size):
             coords = self.mesh.coords(rank)
             total = self.domain.fill((), 0)
             for param, grad in self.out.grads.get(rank, {}).items():
-                if clip.replicas == "once" and not self._counted(final[param], coords, clip.axes):
+                if clip.replicas == "once" and not self._counted(final[param], coords, clip.axes,
+                                                                 first.get(param)):
                     continue
                 square = evaluate_graph(squares[param], {"grad": grad}, self.domain)["square"]
                 total = evaluate_graph(clip.add, {"a": total, "b": square}, self.domain)["sum"]
@@ -285,14 +291,17 @@ class _Run:
                                                self.domain)["clipped"] for p, g in acc.items()}
         return clipped
 
-    def _counted(self, layout: TLayout, coords: Mapping[str, int], axes: tuple[str, ...]
-                 ) -> bool:
+    def _counted(self, layout: TLayout, coords: Mapping[str, int], axes: tuple[str, ...],
+                 first_copy: int | None = None) -> bool:
         """``replicas=once``: a rank's copy counts unless another coordinate of a group axis
-        that does not split the gradient holds the same copy (coordinate 0 counts); the
-        pipeline axis holds no copies (a gradient lives on one stage)."""
+        that does not split the gradient holds the same copy (coordinate 0 counts); on the
+        pipeline axis only a tied parameter has copies (``first_copy``: the first pp rank
+        holding one), counted there (Megatron's ``param_is_not_shared``)."""
         split = {a for dim in layout.dims for f in dim for a in f.axes}
-        return all(coords[a] == 0 for a in axes
-                   if a not in split and a != self.p.pipeline_axis)
+        pipeline = self.p.pipeline_axis
+        if first_copy is not None and pipeline in axes and coords[pipeline] != first_copy:
+            return False
+        return all(coords[a] == 0 for a in axes if a not in split and a != pipeline)
 
     def _update(self, u: ParamUpdate, shard: tuple[str, ...]) -> None:
         final = self.p.final_grad_layouts()[u.param]

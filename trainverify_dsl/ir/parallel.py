@@ -14,8 +14,10 @@ Invariants (``parallel_problems``):
    output of the same local shape, or a free value (``source is None``); every transfer's
    destination exists.
 3. Every gradient statement's axes are mesh axes, and every member of each of its groups holds
-   the parameters it names (a statement over the pipeline axis of a parameter held on one stage
-   has no meaning and is rejected before this point).
+   the parameters it names — except the embedding group: an ``all_reduce`` over the pipeline
+   axis alone, whose group is the pp ranks holding a copy of a tied parameter; each parameter
+   it names is held on two or more pp ranks (over one it has no meaning and is rejected before
+   this point).
 4. The loss is produced by exactly one stage. A ``token-mean`` loss has a count graph that
    reads only data of that stage, and only that stage reads the ``denominator``.
 5. The optimizer updates every parameter with a gradient, once; its update graph's inputs are
@@ -290,6 +292,11 @@ class ParallelProgram:
         return tuple(st.index for st in self.stages
                      if any(s.spec == param for s in st.output("grad")))
 
+    def holding_ranks(self, param: str) -> tuple[int, ...]:
+        """The pipeline coordinates whose ranks hold ``param``: one, or several for a tied
+        parameter used on several stages (each holds a copy, docs/semantics.md §5.4)."""
+        return tuple(sorted({self.stages[i].rank for i in self.holders(param)}))
+
     def final_grad_layouts(self) -> dict[str, TLayout]:
         """Every parameter's gradient layout after the gradient statements (§4.5)."""
         final = {p: lay for p, lay in self.param_layouts}
@@ -418,15 +425,18 @@ def _sync_problems(program: ParallelProgram) -> list[str]:
         if unknown:
             problems.append(f"{sync.origin.describe()}: unknown axes {unknown}")
             continue
-        if program.pipeline_axis in sync.axes:
-            ranks = {st.rank for st in program.stages}
-            for param in sync.params:
-                holding = {st.rank for st in program.stages if st.index in
-                           program.holders(param)}
-                if holding != ranks:
-                    problems.append(f"{sync.origin.describe()}: grad({param}) is reduced over "
-                                    f"{program.pipeline_axis}, but only stages "
-                                    f"{list(program.holders(param))} hold it")
+        if program.pipeline_axis not in sync.axes:
+            continue
+        if sync.axes != (program.pipeline_axis,) or sync.kind != "all_reduce":
+            problems.append(f"{sync.origin.describe()}: a {sync.kind} over "
+                            f"{', '.join(sync.axes)}: over the pipeline axis only the "
+                            "all-reduce of a tied parameter's copies has a meaning")
+            continue
+        for param in sync.params:
+            if len(program.holding_ranks(param)) < 2:
+                problems.append(f"{sync.origin.describe()}: grad({param}) is reduced over "
+                                f"{program.pipeline_axis}, but only stages "
+                                f"{list(program.holders(param))} hold it")
     return problems
 
 

@@ -242,6 +242,10 @@ class _Binder:
                  sizes: Mapping[str, int]) -> None:
         self.plan, self.sizes = plan, sizes
         params = {name: tuple(p.shape) for name, p in model.named_parameters()}
+        #: second names of tied parameters (``output.weight``) -> the name they go by
+        first = {id(p): name for name, p in model.named_parameters()}
+        self.aliases = {name: first[id(p)] for name, p in
+                        model.named_parameters(remove_duplicate=False) if name not in params}
         order = tuple(name for name, _ in model.named_modules())
         modules = set(order)
         self.b = Binding(plan, params, dict(data), modules, module_order=order)
@@ -255,6 +259,13 @@ class _Binder:
                 what: str) -> None:
         close = difflib.get_close_matches(str(pattern), candidates, n=3, cutoff=0.6)
         help = "did you mean " + " or ".join(f"`{c}`" for c in close) + "?" if close else None
+        tied = [(alias, name) for alias, name in self.aliases.items()
+                if pattern.matches(alias) or pattern.matches(f"grad({alias})")]
+        if tied:
+            alias, name = tied[0]
+            help = (f"`{alias}` is tied to `{name}`: one parameter, named `{name}` (its first "
+                    f"name); write `{str(pattern).replace(alias, name)}` "
+                    "(docs/semantics.md §5.4)")
         self.error(f"`{pattern}` names no {what} of the spec model", span, help)
 
     def run(self) -> Binding:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from trainverify_dsl.spec.marks import MARK, install_marks  # noqa: F401 (MARK re-exported)
+from trainverify_dsl.spec.trace import canonical_names
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +61,16 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
     data_names = list(inputs)
     placeholders: dict[str, tuple[str, str]] = {}
     user = iter(data_names)
+    # a tied parameter is one input of export per name; all of them are the parameter's
+    # first name, the one the spec and the plan use (``named_parameters``)
+    canonical = canonical_names(model)
     for spec in signature.input_specs:
         name = spec.arg.name
         kind = spec.kind.name
         if kind == "PARAMETER":
-            placeholders[name] = ("param", spec.target)
+            placeholders[name] = ("param", canonical.get(spec.target, spec.target))
         elif kind == "BUFFER":
-            placeholders[name] = ("buffer", spec.target)
+            placeholders[name] = ("buffer", canonical.get(spec.target, spec.target))
         elif kind == "USER_INPUT":
             placeholders[name] = ("data", next(user))
         elif kind == "CONSTANT_TENSOR":

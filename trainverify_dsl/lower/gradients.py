@@ -17,7 +17,10 @@ statements:
 - a gradient partial over an axis no statement reduces (a missing ``copy``, a missing
   sequence-parallel norm all-reduce, a missing data-parallel all-reduce): TVP410
   ``missing-collective``, reported once per axis and cause, at the split statement that made
-  it partial;
+  it partial; a tied parameter used on several pp ranks (``pipeline_copies``) is partial over
+  ``pp`` (each stage's copy has its own uses' gradient, docs/semantics.md §5.4), reported at
+  the ``pipeline-stage`` that put its last use on another rank when no
+  ``all-reduce grad(P) over pp`` sums the copies;
 - ``op=avg`` over an axis that splits no input (avg divides a true sum), a reduction over an
   axis that splits the parameter (adds different slices) or over which its gradient is already
   complete with ``op=sum`` (multiplies it): TVP406 ``collective-mismatch``;
@@ -45,6 +48,7 @@ from typing import Any
 from trainverify_dsl.ir.collectives import COLLECTIVES
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout
 from trainverify_dsl.lower.findings import Finding
+from trainverify_dsl.plan.model import PIPELINE_AXIS
 from trainverify_dsl.report import codes_lower
 from trainverify_dsl.report.diagnostics import Code
 from trainverify_dsl.report.span import Span
@@ -104,6 +108,9 @@ class GradientTracker:
     _grouped: dict[tuple[str, Any, str, str | None], list[str]] = field(default_factory=dict)
     _headers: Mapping[str, Any] = field(default_factory=dict)
     _scale_checked: bool = True
+    #: tied parameters held on several pp ranks: parameter -> (how many, the
+    #: `pipeline-stage` statement that put its last use on another stage)
+    copies: dict[str, tuple[int, Span | None]] = field(default_factory=dict)
 
     # -- during the forward walk ----------------------------------------------------------
 
@@ -117,6 +124,19 @@ class GradientTracker:
 
     def collective(self, out: Any, source: Any, sums: tuple[str, ...], statement: Any) -> None:
         self.record.append(_Collective(out, source, sums, statement))
+
+    def pipeline_copies(self, copies: Mapping[str, tuple[int, Span | None]]) -> None:
+        """Parameters used on several pp ranks (a tied embedding and output head): each rank
+        holds a copy and computes the share of the gradient of its own uses, so the gradient
+        is partial over the pipeline axis, over that many copies (docs/semantics.md §5.4)."""
+        self.copies = dict(copies)
+
+    def _group_size(self, param: str, axis: str) -> int:
+        """The ranks a statement over ``axis`` combines for ``param``: over the pipeline axis
+        only the pp ranks holding a copy of it (the embedding group)."""
+        if axis == PIPELINE_AXIS and param in self.copies:
+            return self.copies[param][0]
+        return self.sizes[axis]
 
     # -- after it ------------------------------------------------------------------------
 
@@ -177,10 +197,18 @@ class GradientTracker:
         self._scale_checked = loss_mode != "sum" and not any(
             isinstance(item, _Collective) and set(item.sums) & data_axes for item in self.record)
         missing: dict[tuple[str, tuple[Span | None, str]], list[str]] = {}
+        checked: set[str] = set()
         for node, param in self.params.items():
-            if node not in used:  # only inside parallel algorithms: not seen here
-                continue
-            partial = cot.get(node, {})
+            if node not in used or param in checked:  # used only inside parallel
+                continue                               # algorithms: not seen here
+            checked.add(param)
+            # a tied parameter is one capture input per use: its gradient sums them all
+            partial: Partial = {}
+            for other, name in self.params.items():
+                if name == param:
+                    _merge_into(partial, cot.get(other, {}))
+            if param in self.copies:
+                partial.setdefault(PIPELINE_AXIS, (self.copies[param][1], "(pipeline)"))
             applied = [(st, tuple(a for a in st.axes if self.sizes.get(a, 1) > 1))
                        for st, names in statements if param in names]
             reduced = {a for _, axes in applied for a in axes}
@@ -192,6 +220,9 @@ class GradientTracker:
         for (axis, (span, where)), params in missing.items():
             shown = ", ".join(f"`{p}`" for p in params[:3])
             more = f" and {len(params) - 3} more" if len(params) > 3 else ""
+            if axis == PIPELINE_AXIS:
+                self.findings.append(_unsummed_copies(params, shown + more, span))
+                continue
             self.findings.append(Finding(
                 codes_lower.MISSING_COLLECTIVE,
                 f"the gradients of {shown}{more} are partial over {axis} "
@@ -214,6 +245,8 @@ class GradientTracker:
         for st, axes in applied:
             op = st.op or "sum"
             for axis in axes:
+                if axis == PIPELINE_AXIS:
+                    continue  # only tied parameters get here (the lowering checked)
                 if axis in self.split.get(param, set()):
                     self._group(codes_lower.COLLECTIVE_MISMATCH, st.origin, "the gradients of "
                                 f"{{params}} are split over {axis}: reducing them adds the "
@@ -225,11 +258,11 @@ class GradientTracker:
             if op == "avg":
                 tensor_axes = [a for a in axes if a in partial and a not in data_axes]
                 if tensor_axes:
+                    divisor = math.prod(self._group_size(param, a) for a in tensor_axes)
                     self._group(codes_lower.COLLECTIVE_MISMATCH, st.origin, "the gradients of "
                                 f"{{params}} are partial sums over {', '.join(tensor_axes)}: "
-                                "op=avg divides them by "
-                                f"{math.prod(self.sizes[a] for a in tensor_axes)}", param)
-                factor /= math.prod(self.sizes[a] for a in axes)
+                                f"op=avg divides them by {divisor}", param)
+                factor /= math.prod(self._group_size(param, a) for a in axes)
         data = sorted(a for a in partial if a in data_axes)
         reduced = {a for _, axes in applied for a in axes}
         if not set(data) <= reduced or not self._scale_checked:
@@ -286,13 +319,31 @@ class GradientTracker:
 
     def _group(self, code: Code, span: Any, reason: str, param: str,
                help: str | None = None) -> None:
-        self._grouped.setdefault((code, span, reason, help), []).append(param)
+        params = self._grouped.setdefault((code, span, reason, help), [])
+        if param not in params:
+            params.append(param)
 
 
 def _merge(cot: dict[Any, Partial], node: Any, contribution: Partial) -> None:
-    target = cot.setdefault(node, {})
+    _merge_into(cot.setdefault(node, {}), contribution)
+
+
+def _merge_into(target: Partial, contribution: Partial) -> None:
     for axis, span in contribution.items():
         target.setdefault(axis, span)
+
+
+def _unsummed_copies(params: Sequence[str], shown: str, span: Span | None) -> Finding:
+    """TVP410 for a tied parameter whose copies' gradients are never summed (§5.4)."""
+    return Finding(
+        codes_lower.MISSING_COLLECTIVE,
+        f"the gradients of {shown} are partial over {PIPELINE_AXIS}: the parameter is used on "
+        f"several pipeline stages (tied), this statement puts a use of it on another stage "
+        "than the first, each stage's copy gets only the gradient of its own uses, and no "
+        f"`all-reduce grad(...) over {PIPELINE_AXIS}` adds them: the copies are updated "
+        "differently and drift apart", span, params[0],
+        help=f"add `all-reduce grad({params[0]}) over {PIPELINE_AXIS}` (Megatron's "
+             "embedding-group all-reduce of the tied word embeddings)")
 
 
 def _unsummed_backward(statement: Any) -> str | None:

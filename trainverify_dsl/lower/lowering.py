@@ -47,6 +47,7 @@ from trainverify_dsl.lower.rules import RULES, Result
 from trainverify_dsl.plan.model import PIPELINE_AXIS, Collective, Plan
 from trainverify_dsl.report import codes_lower, codes_plan
 from trainverify_dsl.report.diagnostics import Code
+from trainverify_dsl.report.span import Span
 from trainverify_dsl.spec.convert import packet_name
 
 
@@ -181,6 +182,8 @@ class _Lowering:
         self.inputs: list[list[Slot]] = [[] for _ in self.graphs]
         self.outputs: list[list[Slot]] = [[] for _ in self.graphs]
         self.recv: list[dict[torch.fx.Node, torch.fx.Node]] = [{} for _ in self.graphs]
+        #: per stage: (kind, spec name) -> its input placeholder
+        self.spec_inputs: list[dict[tuple[str, str], torch.fx.Node]] = [{} for _ in self.graphs]
         self.sent: dict[torch.fx.Node, set[int]] = {}
         self.stage_of: dict[torch.fx.Node, int | None] = {}
         self.findings: list[Finding] = []
@@ -330,7 +333,23 @@ class _Lowering:
         dtype = old.meta["val"].dtype
         if kind == "constant":
             return self.graphs[stage].get_attr(f"_tvp_const_{old.name}")
-        return self.placeholder(stage, spec, kind, spec, lay, dtype)
+        # a tied parameter is several placeholders of the capture under one spec name: one
+        # input of the stage, whose gradient sums its uses there (as the spec's does)
+        held = self.spec_inputs[stage]
+        if (kind, spec) not in held:
+            held[(kind, spec)] = self.placeholder(stage, spec, kind, spec, lay, dtype)
+        return held[(kind, spec)]
+
+    def param_stages(self) -> dict[str, tuple[int, ...]]:
+        """Every parameter used by ops of several pipeline (or virtual) stages, with those
+        stages: a tied parameter whose uses the plan put on different stages. Each of them
+        holds a copy and computes a share of its gradient (docs/semantics.md §5.4)."""
+        stages: dict[str, list[int]] = {}
+        for stage, held in enumerate(self.spec_inputs):
+            for kind, spec in held:
+                if kind == "param":
+                    stages.setdefault(spec, []).append(stage)
+        return {p: tuple(s) for p, s in stages.items() if len(s) > 1}
 
     # -- the walk -----------------------------------------------------------------------
 
@@ -369,7 +388,7 @@ class _Lowering:
             self._stamp(node, lay, self.binding.param_origin(spec))
             self.param_module[node] = spec.rpartition(".")[0]
             self.grads.parameter(node, spec, lay)
-            self.param_nodes[spec] = node
+            self.param_nodes.setdefault(spec, node)  # a tied parameter: its first use
         elif kind == "data":
             lay = self.binding.data_layout(spec, shape, self.sizes)
             self._stamp(node, lay, self.binding.data_origin(spec), at_use=False)
@@ -743,6 +762,8 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> L
         gm = torch.fx.GraphModule(captured.gm, ordered)
         stages.append(StageProgram(index, gm, lowering.inputs[index], lowering.outputs[index]))
     counted = lowering.loss_count[1] if lowering.loss_count is not None else ()
+    copies = _pipeline_copies(lowering)
+    lowering.grads.pipeline_copies(copies)
     lowering.grads.finish(binding.grad_statements, binding.data_axes(), plan.loss_scale,
                           plan.microbatches, dict(plan.header_origins),
                           loss_norm.mode_of(plan), counted)
@@ -752,6 +773,37 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> L
     counted = lowering.loss_count[1] if lowering.loss_count is not None else ()
     return Lowered(plan, binding, sizes, stages, lowering.lineages, findings,
                    routes, counted)
+
+
+def _pipeline_copies(lowering: _Lowering) -> dict[str, tuple[int, Span | None]]:
+    """Tied parameters held on several pp ranks (docs/semantics.md §5.4): parameter -> (the
+    number of pp ranks holding a copy, the `pipeline-stage` statement of the last of them,
+    which put a second use of the parameter on another stage). A gradient statement over
+    the pipeline axis sums exactly these copies; naming a parameter held on one pp rank it
+    has nothing to sum, and is rejected (TVP246), never run as an identity."""
+    binding = lowering.binding
+    copies: dict[str, tuple[int, Span | None]] = {}
+    for param, stages in lowering.param_stages().items():
+        ranks = sorted({binding.stage_place(s) for s in stages})
+        if len(ranks) > 1:
+            copies[param] = (len(ranks), binding.stage_span(max(stages)))
+    for st, names in binding.grad_statements:
+        if PIPELINE_AXIS not in st.axes:
+            continue
+        single = [n for n in names if n not in copies]
+        if single:
+            shown = ", ".join(f"`{n}`" for n in single[:3])
+            more = f" and {len(single) - 3} more" if len(single) > 3 else ""
+            raise LoweringError(Finding(
+                codes_plan.PIPELINE_AXIS_GROUP,
+                f"`{st.kind} {st.target} over {', '.join(st.axes)}` sums the copies of a tied "
+                f"parameter over the pipeline stages holding it, but {shown}{more} "
+                f"{'is' if len(single) == 1 else 'are'} used on one pp rank only: there is "
+                "no other copy to add", st.origin.report_span, str(st.target),
+                help="only a parameter used on several stages (an embedding tied to the output "
+                     "head) has copies over pp: name it alone (`all-reduce grad(embed.weight) "
+                     "over pp`); other gradients go over the data axes"))
+    return copies
 
 
 def _backward_findings(lowering: _Lowering) -> list[Finding]:

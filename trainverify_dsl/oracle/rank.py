@@ -232,8 +232,9 @@ class RankStep:
                 raise OracleError(f"gradient statement `{statement.kind}` is not run by the "
                                   "oracle")
             axes = tuple(statement.axes)
-            if "pp" in axes:
-                raise OracleError("a gradient statement over `pp` is not run by the oracle")
+            if "pp" in axes and (axes != ("pp",) or kind != "all_reduce"):
+                raise OracleError("a gradient statement over `pp` other than the embedding "
+                                  "group's `all-reduce grad(P) over pp` is not run by the oracle")
             dim = statement.dim or 0
             for p in names:
                 if p in grads:
@@ -272,10 +273,16 @@ class RankStep:
         assert clip is not None
         axes = clip_axes(self.lw)
         total = torch.zeros((), dtype=torch.float64)
+        first_copy = {p: stages[0] for p, stages in tied_stages(self.lw).items()}
         for p, g in grads.items():
             split = {a for dim in final[p].dims for f in dim for a in f.axes}
             if clip.replicas == "once" and any(
                     self.coords[a] != 0 for a in axes if a not in split and a != "pp"):
+                continue
+            # a tied parameter's copies on several stages count once: on the first
+            # (Megatron's `param_is_not_shared`)
+            if clip.replicas == "once" and "pp" in axes and p in first_copy and \
+                    self.coords["pp"] != first_copy[p]:
                 continue
             total = total + (g.double() ** 2).sum()
         total = collective(self.world, total.reshape(1), "all_reduce", axes, "sum", 0, -1)[0]
@@ -367,6 +374,17 @@ def run_rank(lowered: Lowered, values: Mapping[str, np.ndarray], world: World,
         if timed:
             step.sync_microbatch(m)
     return step.finish()
+
+
+def tied_stages(lowered: Lowered) -> dict[str, list[int]]:
+    """Parameters held by several pipeline stages (a tied embedding and output head), with
+    the stages holding a copy (docs/semantics.md §5.4)."""
+    stages: dict[str, list[int]] = {}
+    for stage in lowered.stages:
+        for slot in stage.inputs:
+            if slot.kind == "param":
+                stages.setdefault(slot.spec, []).append(stage.index)
+    return {p: held for p, held in stages.items() if len(held) > 1}
 
 
 def axes_lists(lowered: Lowered) -> set[tuple[str, ...]]:

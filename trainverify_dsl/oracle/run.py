@@ -118,6 +118,7 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float) -> RankJob:
     setup = prepare(path)
     assert setup.real_model is not None
     lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
+    _refuse_partial_embedding_groups(path, lowered)
     if plan.optimizer is not None and plan.spec_optimizer is None:
         raise OracleError(f"{path}: the plan has an `optimizer` but no `spec-optimizer`: the "
                           "single-device step's recipe is unknown")
@@ -131,6 +132,24 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float) -> RankJob:
     folder.mkdir(parents=True)
     magnitude = max((float(np.max(np.abs(v))) for v in reference.values() if v.size), default=1)
     return RankJob(lowered, values, reference, folder, seed, FLOOR * magnitude, timeout)
+
+
+def _refuse_partial_embedding_groups(path: Path, lowered: Any) -> None:
+    """The oracle runs the embedding group (``all-reduce grad(P) over pp``, §5.4) over the
+    whole pp group only: a tied parameter held on some of the stages would need a process
+    group of its holders."""
+    from trainverify_dsl.oracle.rank import tied_stages
+
+    stages = len(lowered.stages)
+    for statement, names in lowered.binding.grad_statements:
+        if "pp" not in statement.axes:
+            continue
+        partial = [p for p in names if len(tied_stages(lowered).get(p, ())) != stages]
+        if partial:
+            raise OracleError(f"{path}: `{statement.kind} {statement.target} over pp` sums the "
+                              f"copies of `{partial[0]}` held on some of the {stages} stages; "
+                              "the oracle runs an embedding group over every pp rank only "
+                              "(use `tvp simulate`)")
 
 
 def run_distributed(path: str | Path, seed: int = 0, timeout: float = 120.0) -> OracleResult:

@@ -81,7 +81,8 @@ def find_pipeline_axis_misuse(plan: Plan) -> list[Diagnostic]:
                    "places modules, it does not cut tensors (docs/semantics.md §5)"],
             help="split over a data or tensor axis, and assign modules to stages with "
                  "`pipeline-stage`"))
-    groups = [(f"{c.kind} {c.target}", c.axes, c.origin) for c in plan.collectives]
+    groups = [(f"{c.kind} {c.target}", c.axes, c.origin) for c in plan.collectives
+              if not is_embedding_group_sum(c)]
     groups += [(f"algorithm {a.name}", a.axes, a.origin) for a in plan.algorithms]
     if plan.optimizer is not None:
         groups.append(("optimizer ... shard", plan.optimizer.shard_axes, plan.optimizer.origin))
@@ -96,6 +97,15 @@ def find_pipeline_axis_misuse(plan: Plan) -> list[Diagnostic]:
                 help="leave 'pp' out of the group: stages exchange values by the implied "
                      "transfers or `send`, gradients and ZeRO shards go over the data axes"))
     return found
+
+
+def is_embedding_group_sum(collective: Collective) -> bool:
+    """``all-reduce grad(P) over pp``: the one group over the pipeline axis with a meaning,
+    the sum of a tied parameter's gradient over the stages holding a copy of it (Megatron's
+    embedding group, docs/semantics.md §5.4). Which parameters are tied only the spec knows:
+    the lowering rejects the statement for a parameter held on one stage (TVP246)."""
+    return (collective.kind == "all-reduce" and collective.target.grad
+            and tuple(collective.axes) == (PIPELINE_AXIS,))
 
 
 def sync_time(collective: Collective, microbatches: int) -> str | int:

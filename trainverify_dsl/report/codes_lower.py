@@ -135,10 +135,14 @@ MISSING_COLLECTIVE = _code(
     "A complete value feeds a computation split over an axis (a column-parallel layer, a "
     "batch- or sequence-split activation), so on each rank its gradient is only a share "
     "(Partial(sum), docs/semantics.md §3.3); no `copy`/`all-gather` over the axis sums it on "
-    "the way back, and no gradient statement reduces the parameters it reaches.",
+    "the way back, and no gradient statement reduces the parameters it reaches. A tied "
+    "parameter used on several pipeline stages (an embedding tied to the output head) is "
+    "partial over `pp` the same way: each stage's copy gets its own uses' gradient "
+    "(docs/semantics.md §5.4).",
     "This is the missing `copy` in front of a column-parallel layer, the sequence-parallel "
-    "norm weight whose gradient is never all-reduced, and the missing data-parallel "
-    "gradient all-reduce: the replicas drift apart.",
+    "norm weight whose gradient is never all-reduced, the missing data-parallel "
+    "gradient all-reduce, and the missing embedding-group all-reduce of tied embeddings "
+    "(`all-reduce grad(embed.weight) over pp`): the replicas drift apart.",
     _MLP.replace("tp=2", "dp=2") + "split x [dp, -]\nsplit target [dp, -]\n",
     _MLP.replace("tp=2", "dp=2") + "split x [dp, -]\nsplit target [dp, -]\n"
                                    "all-reduce grad(params) over dp op=avg\n",

@@ -326,7 +326,10 @@ PIPELINE_AXIS_GROUP = _code(
     "exist on one stage only (docs/semantics.md §5): the other members have nothing to "
     "contribute. Values move between stages by the implied transfers or `send`; gradients "
     "and ZeRO shards go over the data axes (DeepSpeed and Megatron shard optimizer states "
-    "over the data-parallel group). Tied parameters on two stages are not supported.",
+    "over the data-parallel group). The one exception is the embedding group of a tied "
+    "parameter, `all-reduce grad(embed.weight) over pp` (pp alone): it sums the copies that "
+    "the stages using the parameter hold (docs/semantics.md §5.4), and the lowering reports "
+    "it here when a parameter it names is used on one stage only.",
     _HEAD + "mesh pp=2, dp=2\nall-reduce grad(params) over dp, pp op=avg\n",
     _HEAD + "mesh pp=2, dp=2\nall-reduce grad(params) over dp op=avg\n",
 )

@@ -545,8 +545,13 @@ class _Lowering:
         dim2 = _norm(st.concat_dim, rank) if st.concat_dim is not None else -1
         op = st.op or "sum"
         backward = kind_of(st.backward)
-        new_lay, problems = layout_after(st.kind, st.op or "sum", axes, dim, dim2, lay,
-                                         self.sizes)
+        try:
+            new_lay, problems = layout_after(st.kind, st.op or "sum", axes, dim, dim2, lay,
+                                             self.sizes)
+        except LayoutError as error:  # no layout describes the result: no local program
+            raise LoweringError(Finding(codes_lower.LAYOUT_MISMATCH,
+                                        f"{st.kind} {point} over {', '.join(axes)}: {error}",
+                                        span, point)) from None
         for message in problems:
             self.findings.append(Finding(codes_lower.COLLECTIVE_MISMATCH,
                                          f"{st.kind} {point} over {', '.join(axes)}: "

@@ -129,7 +129,6 @@ def context_parallel_attention(x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     _, seq, _ = x.shape
     head_dim = 2 * cos.shape[-1]
     positions = sequence_positions(k, n, seq, zigzag)
-    key_positions = torch.cat([sequence_positions(j, n, seq, zigzag) for j in range(n)])
     cos_local, sin_local = cos.index_select(0, positions), sin.index_select(0, positions)
     heads, kv_heads = wq.shape[0] // head_dim, wk.shape[0] // head_dim
     q = apply_rope(split_heads(torch.matmul(x, wq.t()), heads), cos_local, sin_local)
@@ -139,7 +138,11 @@ def context_parallel_attention(x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     values = _coll(values, "all_gather", axes, n, dim=2, backward="reduce_scatter")
     keys, values = repeat_kv(keys, heads // kv_heads), repeat_kv(values, heads // kv_heads)
     scores = torch.matmul(q, keys.transpose(-2, -1)) * scale
-    allowed = positions.unsqueeze(-1) >= key_positions.unsqueeze(0)
+    query_positions = positions.unsqueeze(-1)
+    # the gathered keys: each rank's positions in group order (contiguous: 0 .. n S - 1)
+    key_positions = torch.cat([sequence_positions(j, n, seq, zigzag) for j in range(n)]) \
+        if zigzag else torch.arange(seq * n)
+    allowed = query_positions >= key_positions.unsqueeze(0)
     scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.matmul(merge_heads(torch.matmul(torch.softmax(scores, dim=-1), values)),
                         wo.t())

@@ -283,3 +283,23 @@ def test_the_mismatched_order_is_reported_at_the_algorithm(tmp_path: Path) -> No
     assert first is not None and first.tensor == "layers.0.attention.out"
     assert first.span is not None and first.span.line == line_of(path, "algorithm")
     assert "zigzag(cp)" in first.detail
+
+
+def test_per_token_layers_are_blind_to_the_order(tmp_path: Path) -> None:
+    """A per-position two-layer net on zigzag data agrees with the spec (the mean loss does
+    not depend on the order of the positions), and a zigzag claim on its activation holds."""
+    path = tmp_path / "mlp.tvp"
+    path.write_text('plan t\nspec "tests/models/tiny_nets.py:TwoLinear" batch 4 seq 4\n'
+                    "spec-optimizer sgd lr=0.1\nmesh dp=2, tp=2\n"
+                    "split x [dp, zigzag(tp), -]\nsplit target [dp, zigzag(tp), -]\n"
+                    "split fc1.out [dp, zigzag(tp), -]\n"
+                    "all-reduce grad(params) over dp, tp op=avg\noptimizer sgd lr=0.1\n")
+    result = simulate_file(path)
+    assert result.agrees and not result.findings
+    assert result.compared > 2 * result.ranks
+
+
+def test_zigzag_data_without_the_algorithm_has_no_local_attention(tmp_path: Path) -> None:
+    """As plans/bugs/rope_not_offset.tvp: the softmax would run along keys split over cp."""
+    path = write(tmp_path, ZIGZAG_DATA)
+    assert setup_errors(path) == [("TVP403", 5)]

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VERIFIED_PLANS = ["mlp_tiny_dp", "mlp_dp_tp", "mlp_tiny_zero", "mlp_tiny_overlap", "llama_tiny_tp",
                   pytest.param("llama_tiny_sp", marks=pytest.mark.slow),
                   pytest.param("llama_tiny_cp", marks=pytest.mark.slow),
+                  pytest.param("llama_tiny_cp_zigzag", marks=pytest.mark.slow),
                   pytest.param("llama_tiny_interleaved", marks=pytest.mark.slow),
                   pytest.param("llama_tiny_clip", marks=pytest.mark.slow),
                   pytest.param("llama_tiny_smoothing", marks=pytest.mark.slow),

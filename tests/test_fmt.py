@@ -104,6 +104,8 @@ def test_messy_file_round_trips():
     ("replicate layers[3].w", "replicate layers.3.w"),
     ("replicate layers[::2]", "replicate layers[::2]"),
     ('use "a\\"b"', 'use "a\\"b"'),
+    ("split tokens [dp,zigzag( cp )]", "split tokens [dp, zigzag(cp)]"),
+    ("split x [zigzag(dp,cp), -]", "split x [zigzag(dp, cp), -]"),
 ])
 def test_expression_and_literal_printing(source, expected):
     assert fmt(source) == expected + "\n"

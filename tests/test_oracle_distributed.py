@@ -30,7 +30,8 @@ TOL = 1e-9
 TIMEOUT = 120
 
 CORRECT = ["plans/mlp_tiny_dp.tvp", "plans/llama_tiny_tp.tvp", "plans/llama_tiny_sp.tvp",
-           "plans/llama_tiny_cp.tvp", "plans/deepseek_tiny_ep.tvp", "plans/deepseek_tiny_pp.tvp",
+           "plans/llama_tiny_cp.tvp", "plans/llama_tiny_cp_zigzag.tvp",
+           "plans/deepseek_tiny_ep.tvp", "plans/deepseek_tiny_pp.tvp",
            "plans/deepseek_tiny_tp.tvp", "plans/mlp_dp_tp.tvp", "plans/mlp_tiny_zero.tvp",
            # gradient statements after every microbatch; clipping over the tp group
            "plans/mlp_tiny_overlap.tvp", "plans/llama_tiny_clip.tvp",

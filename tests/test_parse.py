@@ -102,6 +102,15 @@ def test_split_entries():
     assert got == ast.SplitStmt(path("tokens"), dims, S)
 
 
+def test_split_entry_with_a_block_order():
+    """``zigzag(cp)`` states the order of the blocks of that dimension (semantics §2.6)."""
+    got = one("split tokens [dp, zigzag(cp)]")
+    zigzag = ast.Ident("zigzag", S)
+    assert got.dims[1] == ast.DimEntry(idents("cp"), S, zigzag)
+    assert one("split x [zigzag(dp, cp), -]").dims[0] == ast.DimEntry(idents("dp", "cp"), S,
+                                                                      zigzag)
+
+
 def test_split_minus_without_spaces():
     assert one("split x [-,tp,-]").dims[0] == ast.DimEntry((), S)
 

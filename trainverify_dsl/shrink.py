@@ -11,10 +11,11 @@ derived ones of ``DERIVED`` rewritten as products of independent ones, plus ``ba
    (``bind_plan``): each parameter and input dimension split over mesh axes, each module
    boundary a collective splits or gathers along a dimension (shapes from one fake forward),
    and each parameter's ZeRO block (Rule 6.1) is a *divisibility*: a monomial and the product
-   ``N`` of the axis sizes (times the microbatches on an input's batch dimension) that must
-   divide it.
+   ``N`` of the axis sizes (times the microbatches on an input's batch dimension, times 2 on
+   a dimension split in zigzag order: two chunks per block) that must divide it.
 2. **How much of each width to keep.** Let ``A(w)`` be every axis that splits any dimension
-   fed by width ``w`` (and ``@mb`` when ``w`` feeds a batch dimension); for every prime ``p``
+   fed by width ``w`` (and ``@mb`` when ``w`` feeds a batch dimension, ``@zigzag`` of size 2
+   when it feeds a dimension split in zigzag order); for every prime ``p``
    of ``N(w) = prod A(w)`` the shrunk width keeps ``min(v_p(w), v_p(N(w)))`` factors ``p``.
    Because every width of a split dimension keeps enough, every sub-product keeps enough too,
    so a reshape of that dimension into heads divides as it does at full size. ZeRO blocks are
@@ -43,7 +44,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from trainverify_dsl.plan.model import PIPELINE_AXIS, Plan
+from trainverify_dsl.plan.model import PIPELINE_AXIS, ZIGZAG, Plan
 
 #: Widths at or below this are simulated as they are (unless shrinking is forced).
 SMALL = 128
@@ -81,6 +82,8 @@ SUM_TERMS = 3
 SUM_SCALES = 8
 #: ``max_seq_len`` follows the shrunk sequence (RoPE tables and position embeddings).
 SEQ_BOUND = "max_seq_len"
+#: The pseudo-axis of a zigzag split's two chunks per block (docs/semantics.md §2.6).
+ZIGZAG_CHUNKS = "@zigzag"
 
 
 class ShrinkError(ValueError):
@@ -334,6 +337,8 @@ def plan_divisibilities(plan: Plan, binding: Any, points: Mapping[str, tuple[int
             split = axes(layout.axes_of_dim(d)) if layout else ()
             if batch and d == 0 and sizes[MICROBATCH_AXIS] > 1:
                 split = ((MICROBATCH_AXIS, sizes[MICROBATCH_AXIS]),) + split
+            if split and layout is not None and layout.order_of_dim(d) == ZIGZAG:
+                split = split + ((ZIGZAG_CHUNKS, 2),)  # two chunks per block (§2.6)
             if split:
                 rules.append(_rule(size, split, probe, primes, source=f"{name} dimension {d}"))
     rules += _zero_blocks(plan, binding, axes, probe, primes)

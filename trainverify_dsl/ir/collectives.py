@@ -176,6 +176,21 @@ def kind_of(keyword: str) -> str:
 
 def layout_after(keyword: str, op: str, axes: tuple[str, ...], dim: int, dim2: int,
                  lay: TLayout, sizes: Mapping[str, int]) -> tuple[TLayout, Problems]:
-    """The layout after the collective ``keyword`` and what is wrong with applying it."""
+    """The layout after the collective ``keyword`` and what is wrong with applying it.
+    Raises ``LayoutError`` when the result has no layout at all (a zigzag dimension moved)."""
+    from trainverify_dsl.ir.layout import LayoutError
+
     rule = COLLECTIVES[keyword].layout
-    return (lay, []) if rule is None else rule(op, axes, dim, dim2, lay, sizes)
+    if rule is None:
+        return lay, []
+    moved = {"all-gather": (dim,), "reduce-scatter": (dim,), "scatter": (dim,),
+             "all-to-all": (dim, dim2)}.get(keyword, ())
+    zigzag = [d for d in moved if 0 <= d < lay.rank and lay.is_zigzag(d)]
+    if zigzag:
+        # the pieces would be put together (or cut) in rank order: positions k and 2N-1-k
+        # of a zigzag split are not a block of anything (docs/semantics.md §2.6)
+        raise LayoutError(f"dimension {zigzag[0]} is split in zigzag order "
+                          f"({lay.describe()}): {keyword} along it would put the positions in "
+                          "rank order, not in sequence order; only an algorithm that knows "
+                          "the order (context-parallel-attention order=zigzag) may move them")
+    return rule(op, axes, dim, dim2, lay, sizes)

@@ -8,6 +8,11 @@ local piece is still exactly described (it is no longer one contiguous block, bu
 is). ``@mb`` is the microbatch pseudo-axis: outermost on the batch dimension (Rule 4.1, Megatron's
 sampler order).
 
+A factor's blocks are contiguous, or in **zigzag** order (docs/semantics.md §2.6, the
+load-balanced layout of context parallelism): the factor is cut into ``2N`` equal chunks and
+block ``k`` holds chunks ``k`` and ``2N-1-k``, in that order. Per-position ops are blind to the
+order; everything that carves, compares or reshapes pieces reads it from here.
+
 ``partial`` is ``(op, axes)`` when the local pieces must be combined with ``op`` over the
 group along ``axes`` to give the spec value (§2.2). ``const`` marks values computed from
 constants and buffers only (Rule 4.2 positions). ``cause`` is the plan span responsible for
@@ -34,6 +39,15 @@ class Factor:
     #: made by ``expand`` from size 1: every index holds the same values, so any block of it
     #: is the same as a shorter broadcast (an operand may be cut to fit a split partner)
     broadcast: bool = field(default=False, compare=False)
+    #: blocks in zigzag order: block ``k`` of ``N`` holds chunks ``k`` and ``2N-1-k`` of ``2N``
+    zigzag: bool = False
+
+    def label(self) -> str:
+        """``8``, ``8/cp``, ``8/zigzag(cp)``: the factor as layouts print it."""
+        if not self.axes:
+            return f"{self.size}"
+        axes = ",".join(self.axes)
+        return f"{self.size}/zigzag({axes})" if self.zigzag else f"{self.size}/{axes}"
 
 
 Dim = tuple[Factor, ...]
@@ -86,6 +100,10 @@ class TLayout:
     def is_sharded(self, d: int) -> bool:
         return any(f.axes for f in self.dims[d])
 
+    def is_zigzag(self, d: int) -> bool:
+        """Dimension ``d`` holds blocks in zigzag order (its pieces are not contiguous)."""
+        return any(f.zigzag for f in normalize_dim(self.dims[d]))
+
     def simple_dim(self, d: int) -> bool:
         """The dimension is one block-split factor (possibly after merging unsplit ones)."""
         return len(normalize_dim(self.dims[d])) == 1
@@ -93,8 +111,7 @@ class TLayout:
     def describe(self) -> str:
         parts = []
         for d in self.dims:
-            inner = " x ".join(f"{f.size}" + (f"/{','.join(f.axes)}" if f.axes else "")
-                               for f in normalize_dim(d))
+            inner = " x ".join(f.label() for f in normalize_dim(d))
             parts.append(inner or "1")
         text = "[" + ", ".join(parts) + "]"
         if self.partial:
@@ -114,8 +131,12 @@ def normalize_dim(dim: Dim) -> Dim:
     for f in dim:
         if f.size == 1:  # one index: split only over axes of size 1 (Rule 2.1), so unsplit
             continue
+        if f.zigzag and not f.axes:  # one block: chunks 0 and 1, in order
+            f = Factor(f.size)
         if out and not f.axes:
-            out[-1] = Factor(out[-1].size * f.size, out[-1].axes)
+            # chunk c of a zigzag (n, A) followed by all m: chunk c of (n*m, A), so the order
+            # carries over
+            out[-1] = Factor(out[-1].size * f.size, out[-1].axes, zigzag=out[-1].zigzag)
         else:
             out.append(f)
     return tuple(out)
@@ -130,6 +151,9 @@ def append_axes(dim: Dim, axes: Sequence[str]) -> Dim:
     the axes join the outermost factor."""
     factors = list(normalize_dim(dim)) or [Factor(1)]
     outer = factors[0]
+    if outer.zigzag:
+        raise LayoutError("the dimension is split in zigzag order: its blocks cannot be cut "
+                          "further")
     return (Factor(outer.size, outer.axes + tuple(axes)),) + tuple(factors[1:])
 
 
@@ -153,13 +177,15 @@ def reshape_dims(dims: Sequence[Dim], shape: Sequence[int],
                 need //= f.size
                 i += 1
             elif f.size % need == 0:
-                # split the factor: the outer part keeps the axes
-                if f.axes and need % ways(f.axes, sizes) != 0:
+                # split the factor: the outer part keeps the axes (and the order: zigzag
+                # chunks of the outer part are whole rows of the inner one when 2N divides it)
+                blocks = ways(f.axes, sizes) * (2 if f.zigzag else 1)
+                if f.axes and need % blocks != 0:
                     raise LayoutError(f"reshape splits a dimension of size {f.size} split over "
                                       f"{', '.join(f.axes)} into {need} x {f.size // need}; "
-                                      f"{need} is not divisible by "
-                                      f"{ways(f.axes, sizes)}")
-                got.append(Factor(need, f.axes))
+                                      f"{need} is not divisible by {blocks}"
+                                      + (" (two zigzag chunks per block)" if f.zigzag else ""))
+                got.append(Factor(need, f.axes, zigzag=f.zigzag))
                 flat[i] = Factor(f.size // need)
                 need = 1
             else:
@@ -184,11 +210,20 @@ def local_indices(dim: Dim, coords: Mapping[str, int], sizes: Mapping[str, int])
     """Global indices (along one dimension) of a rank's local elements, in local order."""
     index = np.zeros(1, dtype=np.int64)
     for f in dim:
-        n = ways(f.axes, sizes)
-        block = f.size // n
-        k = factor_index(f, coords, sizes)
-        index = (index[:, None] * f.size + (k * block + np.arange(block))[None, :]).reshape(-1)
+        own = block_indices(f, factor_index(f, coords, sizes), ways(f.axes, sizes))
+        index = (index[:, None] * f.size + own[None, :]).reshape(-1)
     return index
+
+
+def block_indices(f: Factor, k: int, n: int) -> np.ndarray:
+    """Indices (into the factor) of block ``k`` of ``n``: contiguous, or zigzag chunks ``k``
+    and ``2n-1-k`` of ``2n``."""
+    block = f.size // n
+    if not f.zigzag:
+        return k * block + np.arange(block)
+    chunk = block // 2
+    return np.concatenate([k * chunk + np.arange(chunk), (2 * n - 1 - k) * chunk +
+                           np.arange(chunk)])
 
 
 def take_local(value: np.ndarray, layout: TLayout, coords: Mapping[str, int],

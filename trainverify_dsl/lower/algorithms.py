@@ -16,7 +16,9 @@ index, inlining) — never the lowering's private state.
 - ``expert-parallel`` (§7.5): dispatch every token to the experts' owners with an all-to-all,
   run the local experts, combine back with the inverse all-to-all.
 - ``context-parallel-attention`` (§7.4): RoPE at global positions, keys and values all-gathered
-  over the sequence, the causal mask on global positions (Llama's grouped-query attention).
+  over the sequence, the causal mask on global positions (Llama's grouped-query attention);
+  ``order=zigzag`` for a sequence split in zigzag order (§2.6): the rank's positions are its
+  two chunks, and the gathered keys stand in the ranks' chunk order.
 - ``row-parallel-linear`` (§7.6): a linear layer with a bias whose weight is split by input
   columns: the local product, all-reduced, then the bias added once (Megatron's
   RowParallelLinear).
@@ -112,18 +114,33 @@ def expert_parallel(x: torch.Tensor, weights: torch.Tensor, w1: torch.Tensor,
     return (combined * weights.t().unsqueeze(-1)).sum(dim=0)
 
 
+def sequence_positions(k: Any, n: int, seq: int, zigzag: bool) -> torch.Tensor:
+    """The global positions of the ``seq`` local positions of block ``k`` of ``n``: contiguous
+    ``[k S, (k+1) S)``, or in zigzag order chunks ``k`` and ``2n-1-k`` of ``2n`` chunks of
+    ``S/2`` (docs/semantics.md §2.6)."""
+    if not zigzag:
+        return torch.arange(seq) + k * seq
+    chunk = seq // 2
+    return torch.cat([torch.arange(chunk) + k * chunk,
+                      torch.arange(chunk) + (2 * n - 1 - k) * chunk])
+
+
 def context_parallel_attention(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                                wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
                                wo: torch.Tensor, k: torch.Tensor, axes: tuple[str, ...], n: int,
-                               scale: float, helpers: Any) -> torch.Tensor:
-    """Llama attention on this rank's block of positions ``[k S, (k+1) S)`` of ``x [b, S, h]``;
-    ``cos``/``sin`` are the whole tables ``[n S, d/2]``. ``helpers`` is the model's module
-    (its ``apply_rope``, ``split_heads``, ``repeat_kv``, ``merge_heads``)."""
+                               scale: float, helpers: Any, zigzag: bool = False
+                               ) -> torch.Tensor:
+    """Llama attention on this rank's block of positions of ``x [b, S, h]`` (contiguous
+    ``[k S, (k+1) S)``, or the zigzag chunks ``k`` and ``2n-1-k``); ``cos``/``sin`` are the whole
+    tables ``[n S, d/2]``. ``helpers`` is the model's module (its ``apply_rope``,
+    ``split_heads``, ``repeat_kv``, ``merge_heads``). The all-gathered keys hold each rank's
+    positions in group order, so the causal mask compares global positions on both sides;
+    the softmax and the product with the values do not depend on the keys' order."""
     apply_rope, split_heads = helpers.apply_rope, helpers.split_heads
     repeat_kv, merge_heads = helpers.repeat_kv, helpers.merge_heads
     _, seq, _ = x.shape
     head_dim = 2 * cos.shape[-1]
-    positions = torch.arange(seq) + k * seq
+    positions = sequence_positions(k, n, seq, zigzag)
     cos_local, sin_local = cos.index_select(0, positions), sin.index_select(0, positions)
     heads, kv_heads = wq.shape[0] // head_dim, wk.shape[0] // head_dim
     q = apply_rope(split_heads(torch.matmul(x, wq.t()), heads), cos_local, sin_local)
@@ -133,7 +150,11 @@ def context_parallel_attention(x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     values = _coll(values, "all_gather", axes, n, dim=2, backward="reduce_scatter")
     keys, values = repeat_kv(keys, heads // kv_heads), repeat_kv(values, heads // kv_heads)
     scores = torch.matmul(q, keys.transpose(-2, -1)) * scale
-    allowed = positions.unsqueeze(-1) >= torch.arange(seq * n).unsqueeze(0)
+    query_positions = positions.unsqueeze(-1)
+    # the gathered keys: each rank's positions in group order (contiguous: 0 .. n S - 1)
+    key_positions = torch.cat([sequence_positions(j, n, seq, zigzag) for j in range(n)]) \
+        if zigzag else torch.arange(seq * n)
+    allowed = query_positions >= key_positions.unsqueeze(0)
     scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.matmul(merge_heads(torch.matmul(torch.softmax(scores, dim=-1), values)),
                         wo.t())
@@ -315,12 +336,21 @@ def _lower_context_parallel(cx: Context, site: Site) -> tuple[torch.fx.Node, TLa
                                     f"along the sequence; it is {x_lay.describe()}")
     k, n = cx.group(site.axes)
     axes, scale = site.axes, float(target.scale)
+    # the positions the algorithm computes follow its own `order=`, not the input's layout:
+    # a plan whose data is zigzag and whose attention says contiguous (or the reverse) runs
+    # with wrong positions, as the real code would, and the values show it (§7.4)
+    zigzag = dict(site.options).get("order") == "zigzag"
+    local_seq = cx.local(x).meta["val"].shape[1]
+    if zigzag and local_seq % 2:
+        raise _not_applicable(site, f"order=zigzag cuts each rank's {local_seq} positions into "
+                                    "two chunks: the sequence must be divisible by 2 x "
+                                    f"{n} (the number of zigzag chunks)")
 
     def run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, wq: torch.Tensor,
             wk: torch.Tensor, wv: torch.Tensor, wo: torch.Tensor, k: torch.Tensor
             ) -> torch.Tensor:
         return context_parallel_attention(x, cos, sin, wq, wk, wv, wo, k, axes, n, scale,
-                                          helpers)
+                                          helpers, zigzag)
 
     inputs = [cx.local(v) for v in (x, cos, sin)] + [cx.local(p) for p in params] + [k]  # type: ignore
     out = inline(cx, run, inputs)

@@ -29,6 +29,7 @@ from trainverify_dsl.plan import vocab
 from trainverify_dsl.plan.checks import INTERLEAVED, is_layer_selection, layer_chunks
 from trainverify_dsl.plan.model import (
     PIPELINE_AXIS,
+    ZIGZAG,
     Algorithm,
     Collective,
     IndexSeg,
@@ -96,7 +97,8 @@ class Binding:
                          if a not in PLACEMENT_AXES and sizes.get(a, 1) > 1)
             if batch and d == 0 and sizes.get(MICROBATCH_AXIS, 1) > 1:
                 axes = (MICROBATCH_AXIS,) + axes  # microbatch-major (Rule 4.1)
-            dims.append((Factor(int(n), axes),))
+            zigzag = layout is not None and layout.order_of_dim(d) == ZIGZAG and bool(axes)
+            dims.append((Factor(int(n), axes, zigzag=zigzag),))
         return TLayout(tuple(dims))
 
     def param_layout(self, name: str, shape: tuple[int, ...],
@@ -310,6 +312,8 @@ class _Binder:
                              ["loss"], "parameter, input or module boundary")
                 continue
             for name in params + data:
+                if self._misordered(name, layout, span):
+                    continue
                 if layout.partial_axes:
                     self.error(f"`{name}` is a {'parameter' if name in b.params else 'model input'}"
                                ": a layout on it defines how it is distributed and cannot be "
@@ -320,6 +324,25 @@ class _Binder:
                 (b.param_layouts if name in b.params else b.data_layouts)[name] = layout
             for point in points:
                 b.claims.setdefault(point, []).append(Claim(layout))
+
+    def _misordered(self, name: str, layout: Layout, span: Any) -> bool:
+        """A zigzag order where it has no meaning (semantics §2.6): on a parameter, or on the
+        batch dimension of a model input (reported, and the layout dropped)."""
+        zigzag = [d for d, order in layout.orders if order == ZIGZAG]
+        if not zigzag:
+            return False
+        if name in self.b.params:
+            self.error(f"`{name}` is a parameter: zigzag orders the positions of a sequence "
+                       "the data loader feeds, and a parameter has none", span,
+                       "split parameters in plain blocks", code=codes_plan.BLOCK_ORDER)
+            return True
+        if 0 in zigzag:
+            self.error(f"`{name}` splits its batch dimension (dimension 0) in zigzag order: "
+                       "the batch is cut into microbatches and blocks of rows in plain order "
+                       "(Rule 4.1)", span, "split the sequence dimension in zigzag order",
+                       code=codes_plan.BLOCK_ORDER)
+            return True
+        return False
 
     def _divides(self, name: str, shape: tuple[int, ...], layout: Layout, span: Any,
                  batch: bool) -> None:
@@ -335,8 +358,11 @@ class _Binder:
                 continue
             n = ways(axes, self.sizes) * (self.sizes[MICROBATCH_AXIS] if batch and d == 0
                                           else 1)
+            zigzag = layout.order_of_dim(d) == ZIGZAG
+            n *= 2 if zigzag else 1
             if shape[d] % n:
-                extra = " x microbatches" if batch and d == 0 else ""
+                extra = " x microbatches" if batch and d == 0 else \
+                    " x 2 (two zigzag chunks per rank)" if zigzag else ""
                 self.error(f"`{name}` dimension {d} has size {shape[d]}, not divisible by "
                            f"{', '.join(axes) or 'the'}{extra} ({n}) (Rule 2.1: no padding)",
                            span, code=codes_plan.SPLIT_NOT_DIVISIBLE)

@@ -44,7 +44,7 @@ from trainverify_dsl.lower.capture import MARK, Captured, capture_forward, modul
 from trainverify_dsl.lower.findings import Finding, LoweringError, latest, merge_repeats
 from trainverify_dsl.lower.gradients import GradientTracker
 from trainverify_dsl.lower.rules import RULES, Result
-from trainverify_dsl.plan.model import PIPELINE_AXIS, Collective, Plan
+from trainverify_dsl.plan.model import PIPELINE_AXIS, ZIGZAG, Collective, Plan
 from trainverify_dsl.report import codes_lower, codes_plan
 from trainverify_dsl.report.diagnostics import Code
 from trainverify_dsl.report.span import Span
@@ -593,8 +593,13 @@ class _Lowering:
         dim2 = _norm(st.concat_dim, rank) if st.concat_dim is not None else -1
         op = st.op or "sum"
         backward = kind_of(st.backward)
-        new_lay, problems = layout_after(st.kind, st.op or "sum", axes, dim, dim2, lay,
-                                         self.sizes)
+        try:
+            new_lay, problems = layout_after(st.kind, st.op or "sum", axes, dim, dim2, lay,
+                                             self.sizes)
+        except LayoutError as error:  # no layout describes the result: no local program
+            raise LoweringError(Finding(codes_lower.LAYOUT_MISMATCH,
+                                        f"{st.kind} {point} over {', '.join(axes)}: {error}",
+                                        span, point)) from None
         for message in problems:
             self.findings.append(Finding(codes_lower.COLLECTIVE_MISMATCH,
                                          f"{st.kind} {point} over {', '.join(axes)}: "
@@ -729,6 +734,10 @@ def claim_problem(claim: Any, lay: TLayout, sizes: Mapping[str, int]) -> str | N
         if kind == "Shard" and placement.dim not in derived_dims:
             return f"claimed split over {axis} on dimension {placement.dim}, derived " \
                    f"{lay.describe()}"
+        if kind == "Shard" and (want.order_of_dim(placement.dim) == ZIGZAG) != \
+                lay.is_zigzag(placement.dim):
+            return (f"claimed {want.order_of_dim(placement.dim)} blocks on dimension "
+                    f"{placement.dim}, but the value holds {lay.describe()} (§2.6)")
         if kind == "Replicate" and derived_dims:
             return f"claimed replicated over {axis}, but it is split over {axis} " \
                    f"({lay.describe()})"

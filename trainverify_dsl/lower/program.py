@@ -37,7 +37,7 @@ from trainverify_dsl.lower.findings import Finding, LoweringError
 from trainverify_dsl.lower.joint import input_name, output_name, stage_joint
 from trainverify_dsl.lower.lowering import Lowered, StageProgram
 from trainverify_dsl.plan.checks import sync_time
-from trainverify_dsl.plan.model import PIPELINE_AXIS, Layout, Partial
+from trainverify_dsl.plan.model import PIPELINE_AXIS, ZIGZAG, Layout, Partial
 from trainverify_dsl.report import codes_lower
 from trainverify_dsl.spec import optim
 
@@ -239,7 +239,9 @@ def claimed_layout(claim: Layout, derived: TLayout, sizes: Mapping[str, int]) ->
                      if a != PIPELINE_AXIS and sizes.get(a, 1) > 1)
         if any(MICROBATCH_AXIS in f.axes for f in dim):
             axes = (MICROBATCH_AXIS,) + axes  # microbatch-major (Rule 4.1)
-        dims.append((Factor(size, axes),))
+        # a zigzag claim compares the piece with the spec's positions of both chunks (§2.6)
+        zigzag = claim.order_of_dim(d) == ZIGZAG and bool(axes)
+        dims.append((Factor(size, axes, zigzag=zigzag),))
     partial = None
     if claim.partial_axes:
         op = next(p.op for _, p in claim.placements if isinstance(p, Partial))
@@ -248,10 +250,15 @@ def claimed_layout(claim: Layout, derived: TLayout, sizes: Mapping[str, int]) ->
 
 
 def _lineages(lowered: Lowered) -> tuple[Lineage, ...]:
+    """Each marked point's lineage, with the statement that made it: the last collective at
+    the point, else the algorithm computing the module's output, else none."""
+    computed_by = {f"{path}.out": alg.origin for alg, paths in lowered.binding.algorithms
+                   for path in paths if path != "loss"}
     out = []
     for point, lay in lowered.lineages.items():
         statements = lowered.binding.collectives_at(point)
-        origin = source_of(statements[-1].origin) if statements else Source(None)
+        origin = source_of(statements[-1].origin) if statements else \
+            source_of(computed_by[point]) if point in computed_by else Source(None)
         out.append(Lineage(point, lay, origin))
     return tuple(out)
 

@@ -161,10 +161,12 @@ class Option:
 @dataclass(frozen=True, slots=True)
 class DimEntry:
     """One entry of ``split T [...]``: the mesh axes splitting that tensor dimension, in
-    order (first = outermost block). Empty tuple is ``-`` (not split)."""
+    order (first = outermost block). Empty tuple is ``-`` (not split). ``order`` is the block
+    order word of ``zigzag(cp)`` (docs/semantics.md §2.6), ``None`` for plain blocks."""
 
     axes: tuple[Ident, ...]
     span: Span
+    order: Ident | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -201,6 +201,10 @@ class AstBuilder:
     def dim_axes(self, raw, children) -> ast.DimEntry:
         return ast.DimEntry(tuple(self.ident(t) for t in children), self.span(raw))
 
+    def dim_ordered(self, raw, children) -> ast.DimEntry:
+        return ast.DimEntry(tuple(self.ident(t) for t in children[1:]), self.span(raw),
+                            self.ident(children[0]))
+
     def replicate_stmt(self, raw, children) -> ast.ReplicateStmt:
         axes = children[1].axes if len(children) > 1 else ()
         return ast.ReplicateStmt(children[0], axes, self.span(raw))

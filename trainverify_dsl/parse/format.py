@@ -190,6 +190,8 @@ def _split_stmt(s: ast.SplitStmt) -> str:
 
 
 def _dim_text(entry: ast.DimEntry) -> str:
+    if entry.order is not None:
+        return f"{entry.order.name}({_names(entry.axes)})"
     if not entry.axes:
         return "-"
     if len(entry.axes) == 1:

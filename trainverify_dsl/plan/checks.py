@@ -16,6 +16,7 @@ from pathlib import Path
 from trainverify_dsl.plan import messages, vocab
 from trainverify_dsl.plan.model import (
     PIPELINE_AXIS,
+    ZIGZAG,
     Collective,
     GlobSeg,
     IndexSeg,
@@ -243,9 +244,11 @@ class NotDivisible:
     size: int
     axes: tuple[tuple[str, int], ...]
     microbatches: int | None
+    #: the dimension is split in zigzag order: two chunks per block (semantics §2.6)
+    zigzag: bool = False
 
     def diagnostic(self, mesh: Mesh) -> Diagnostic:
-        divisor = 1
+        divisor = 2 if self.zigzag else 1
         for _, n in self.axes:
             divisor *= n
         divisor *= self.microbatches or 1
@@ -255,7 +258,7 @@ class NotDivisible:
             f"layout of '{self.layout.target}' does not divide evenly over {mesh.describe()}",
             origin,
             notes=[messages.not_divisible_note(self.dim, self.size, self.axes,
-                                               self.microbatches)],
+                                               self.microbatches, self.zigzag)],
             help=f"make dimension {self.dim} a multiple of {divisor}, or split it over "
                  f"fewer devices")
 
@@ -276,9 +279,25 @@ class RankMismatch:
             help="give one entry per tensor dimension")
 
 
-def find_input_problems(plan: Plan) -> list[NotDivisible | RankMismatch]:
+@dataclass(frozen=True, slots=True)
+class BatchOrder:
+    """A model input's batch dimension split in zigzag order (semantics §2.6)."""
+    layout: Layout
+
+    def diagnostic(self, mesh: Mesh) -> Diagnostic:
+        return messages.at(
+            codes.BLOCK_ORDER,
+            f"'{self.layout.target}' splits its batch dimension (dimension 0) in zigzag order",
+            self.layout.origins[-1],
+            notes=["zigzag balances positions of a sequence; the batch is cut into "
+                   "microbatches and blocks of rows in plain order (Rule 4.1)"],
+            help="split the sequence dimension in zigzag order: "
+                 f"'split {self.layout.target} [dp, zigzag(cp)]'")
+
+
+def find_input_problems(plan: Plan) -> list[NotDivisible | RankMismatch | BatchOrder]:
     assert plan.mesh is not None
-    findings: list[NotDivisible | RankMismatch] = []
+    findings: list[NotDivisible | RankMismatch | BatchOrder] = []
     sizes = {"batch": plan.spec.batch, "seq": plan.spec.seq} if plan.spec else {}
     for layout in plan.layouts:
         name = layout.target.head
@@ -294,9 +313,13 @@ def find_input_problems(plan: Plan) -> list[NotDivisible | RankMismatch]:
             size = sizes.get(dim_names[dim])
             microbatches = plan.microbatches if dim == 0 and plan.microbatches > 1 else None
             sized = tuple((a, plan.mesh.size(a)) for a in axes)
-            divisor = plan.mesh.group_size(axes) * (microbatches or 1)
+            zigzag = layout.order_of_dim(dim) == ZIGZAG
+            if zigzag and dim == 0:
+                findings.append(BatchOrder(layout))
+                continue
+            divisor = plan.mesh.group_size(axes) * (microbatches or 1) * (2 if zigzag else 1)
             if size is not None and size % divisor != 0:
-                findings.append(NotDivisible(layout, dim, size, sized, microbatches))
+                findings.append(NotDivisible(layout, dim, size, sized, microbatches, zigzag))
     return findings
 
 

@@ -15,6 +15,7 @@ from trainverify_dsl.parse import ast
 from trainverify_dsl.parse.format import value_text
 from trainverify_dsl.plan import messages, vocab
 from trainverify_dsl.plan.model import (
+    CONTIGUOUS,
     Layout,
     Mesh,
     Origin,
@@ -41,6 +42,8 @@ class Claim:
     ndim: int | None = None
     #: Where each axis name was written (for precise carets on unknown/repeated axes).
     spans: dict[int, Span] = field(default_factory=dict)
+    #: dim -> block order word of a ``zigzag(cp)`` entry (docs/semantics.md §2.6)
+    orders: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -48,6 +51,7 @@ class _Combined:
     target: TensorPattern
     placements: dict[str, tuple[PlacementKind, Origin]] = field(default_factory=dict)
     dims: dict[int, tuple[tuple[str, ...], Origin]] = field(default_factory=dict)
+    orders: dict[int, str] = field(default_factory=dict)
     origins: list[Origin] = field(default_factory=list)
     ndim: int | None = None
     keys: dict[object, Origin] = field(default_factory=dict)
@@ -61,7 +65,7 @@ def claim_of(stmt: LayoutStmt, target: TensorPattern, origin: Origin, mesh: Mesh
     claim = Claim(target, [], {}, origin, _statement_text(stmt, target))
     match stmt:
         case ast.SplitStmt():
-            _split(stmt, claim)
+            _split(stmt, claim, collector)
         case ast.ReplicateStmt():
             axes = stmt.axes or tuple(ast.Ident(n, stmt.span) for n in mesh.names)
             claim.placements = [(a.name, Replicate()) for a in axes]
@@ -76,7 +80,7 @@ def claim_of(stmt: LayoutStmt, target: TensorPattern, origin: Origin, mesh: Mesh
     return claim
 
 
-def _split(stmt: ast.SplitStmt, claim: Claim) -> None:
+def _split(stmt: ast.SplitStmt, claim: Claim, collector: Collector) -> None:
     claim.ndim = len(stmt.dims)
     for dim, entry in enumerate(stmt.dims):
         names = tuple(axis.name for axis in entry.axes)
@@ -85,6 +89,13 @@ def _split(stmt: ast.SplitStmt, claim: Claim) -> None:
             claim.placements.append((axis.name, Shard(dim)))
         if names:
             claim.dims[dim] = names
+        if entry.order is not None and entry.order.name != CONTIGUOUS:
+            if entry.order.name in vocab.BLOCK_ORDERS:
+                claim.orders[dim] = entry.order.name
+            else:
+                collector.add(messages.unknown_name(
+                    codes.BLOCK_ORDER, "block order", entry.order.name, vocab.BLOCK_ORDERS,
+                    Origin(entry.order.span, claim.origin.trail)))
 
 
 def _partial_op(stmt: ast.PartialStmt, origin: Origin, collector: Collector) -> str:
@@ -177,6 +188,9 @@ def _statement_text(stmt: LayoutStmt, target: TensorPattern) -> str:
             entries = []
             for entry in stmt.dims:
                 names = [a.name for a in entry.axes]
+                if entry.order is not None:
+                    entries.append(f"{entry.order.name}({', '.join(names)})")
+                    continue
                 entries.append("-" if not names else names[0] if len(names) == 1
                                else "(" + ", ".join(names) + ")")
             return f"split {target} [{', '.join(entries)}]"
@@ -239,8 +253,19 @@ class LayoutTable:
     def _dims(self, entry: _Combined, claim: Claim) -> None:
         for dim, axes in claim.dims.items():
             earlier = entry.dims.get(dim)
+            order = claim.orders.get(dim, CONTIGUOUS)
             if earlier is None:
                 entry.dims[dim] = (axes, claim.origin)
+                if order != CONTIGUOUS:
+                    entry.orders[dim] = order
+            elif earlier[0] == axes and entry.orders.get(dim, CONTIGUOUS) != order:
+                self.collector.add(messages.conflict(
+                    codes.CONFLICTING_LAYOUT, f"conflicting layouts for '{claim.target}'",
+                    earlier[1], claim.origin,
+                    [f"dimension {dim} is split over {_axes(axes)} in "
+                     f"{entry.orders.get(dim, CONTIGUOUS)} block order in the first statement "
+                     f"and in {order} order here"],
+                    "split each dimension in one statement, in one block order"))
             elif earlier[0] != axes:
                 order = set(earlier[0]) == set(axes)
                 self.collector.add(messages.conflict(
@@ -260,8 +285,9 @@ class LayoutTable:
                 for name in self.mesh.names)
             dims = tuple(sorted((d, axes) for d, (axes, _) in entry.dims.items()))
             stated = tuple(n for n in self.mesh.names if n in entry.placements)
+            orders = tuple(sorted(entry.orders.items()))
             result.append(Layout(entry.target, placements, dims, tuple(entry.origins),
-                                 entry.ndim, stated))
+                                 entry.ndim, stated, orders))
         return tuple(result)
 
 

@@ -57,9 +57,9 @@ def conflict(code: Code, headline: str, first: Origin, second: Origin, notes: Se
 
 
 def not_divisible_note(dim: int, size: int, axes: Sequence[tuple[str, int]],
-                       microbatches: int | None) -> str:
+                       microbatches: int | None, zigzag: bool = False) -> str:
     """``splits dimension 0 (of size 10) over mesh axis 'tp' (of size 4), but 4 does not
-    evenly divide 10``."""
+    evenly divide 10``; in zigzag order the dimension is cut into two chunks per block."""
     parts = [f"mesh axis '{name}' (of size {n})" for name, n in axes]
     divisor = 1
     for _, n in axes:
@@ -67,6 +67,10 @@ def not_divisible_note(dim: int, size: int, axes: Sequence[tuple[str, int]],
     if microbatches is not None:
         parts.append(f"{microbatches} microbatches")
         divisor *= microbatches
+    if zigzag:
+        return (f"splits dimension {dim} (of size {size}) over {' and '.join(parts)} in zigzag "
+                f"order, which cuts it into 2 x {divisor} = {2 * divisor} chunks, but "
+                f"{2 * divisor} does not evenly divide {size}")
     return (f"splits dimension {dim} (of size {size}) over {' and '.join(parts)}, "
             f"but {divisor} does not evenly divide {size}")
 

@@ -23,6 +23,10 @@ from trainverify_dsl.report.span import Span
 #: places modules on stages (`pipeline-stage N` puts modules on its rank N), it never splits a
 #: tensor or forms a group.
 PIPELINE_AXIS = "pp"
+#: Block orders of a split dimension (docs/semantics.md §2.6): plain blocks, or the
+#: load-balanced order of context parallelism (chunks k and 2N-1-k of 2N on block k).
+CONTIGUOUS = "contiguous"
+ZIGZAG = "zigzag"
 
 # ---------------------------------------------------------------- origins
 
@@ -361,6 +365,9 @@ class Layout:
     ndim: int | None = None
     #: The axes some statement placed explicitly (the others default to ``Replicate``).
     stated_axes: tuple[str, ...] = ()
+    #: Split dimensions whose blocks are not in plain order: ``(dim, "zigzag")``
+    #: (``split T [dp, zigzag(cp)]``, docs/semantics.md §2.6); the others are contiguous.
+    orders: tuple[tuple[int, str], ...] = ()
 
     def placement(self, axis: str) -> PlacementKind:
         for name, placement in self.placements:
@@ -370,6 +377,9 @@ class Layout:
 
     def axes_of_dim(self, dim: int) -> tuple[str, ...]:
         return dict(self.dim_axes).get(dim, ())
+
+    def order_of_dim(self, dim: int) -> str:
+        return dict(self.orders).get(dim, CONTIGUOUS)
 
     @property
     def partial_axes(self) -> tuple[str, ...]:
@@ -572,6 +582,7 @@ def _layout_dict(layout: Layout) -> dict:
         "target": str(layout.target),
         "placements": {axis: str(p) for axis, p in layout.placements},
         "dims": {str(dim): list(axes) for dim, axes in layout.dim_axes},
+        "orders": {str(dim): order for dim, order in layout.orders},
         "ndim": layout.ndim,
         "stated_axes": list(layout.stated_axes),
         "origins": [_origin_dict(o) for o in layout.origins],

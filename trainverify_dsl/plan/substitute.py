@@ -117,7 +117,7 @@ def _idents(nodes: tuple[ast.Ident, ...], env: Env) -> tuple[ast.Ident, ...]:
 def _dims(nodes: tuple[ast.DimEntry, ...], env: Env) -> tuple[ast.DimEntry, ...]:
     if not any(a.name in env for d in nodes for a in d.axes):
         return nodes
-    return tuple(ast.DimEntry(_idents(d.axes, env), d.span) for d in nodes)
+    return tuple(ast.DimEntry(_idents(d.axes, env), d.span, d.order) for d in nodes)
 
 
 def _placement(node: ast.Placement, env: Env) -> ast.Placement:

@@ -63,10 +63,14 @@ ALGORITHMS = (
 #: program is fixed by docs/semantics.md §7, so any other option is an error rather than a
 #: setting silently ignored. ``smoothing=vocabulary|partition``: the label-smoothing term's
 #: mean over the whole vocabulary (default) or over the rank's partition (§7.2).
+#: ``order=contiguous|zigzag``: the block order of the sequence the context-parallel attention
+#: computes its positions for (§7.4; it must be the order the inputs are split in, §2.6).
 ALGORITHM_OPTIONS: dict[str, tuple[str, ...]] = {
-    **{name: () for name in ALGORITHMS}, "vocab-parallel-cross-entropy": ("smoothing",)}
+    **{name: () for name in ALGORITHMS}, "vocab-parallel-cross-entropy": ("smoothing",),
+    "context-parallel-attention": ("order",)}
 ALGORITHM_OPTION_VALUES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("vocab-parallel-cross-entropy", "smoothing"): ("vocabulary", "partition")}
+    ("vocab-parallel-cross-entropy", "smoothing"): ("vocabulary", "partition"),
+    ("context-parallel-attention", "order"): ("contiguous", "zigzag")}
 
 #: Hyper-parameters per optimizer kind; ``lr`` is required for every kind.
 OPTIMIZER_HYPER: dict[str, tuple[str, ...]] = {
@@ -83,6 +87,9 @@ OPTIMIZER_DEFAULTS: dict[str, dict[str, object]] = {
 }
 
 #: Model inputs whose dimensions the spec line fixes: dims are (``batch``, ``seq``).
+#: Block orders a split entry may state (``split tokens [dp, zigzag(cp)]``, semantics §2.6).
+BLOCK_ORDERS = ("contiguous", "zigzag")
+
 INPUT_DIMS: dict[str, tuple[str, ...]] = {"tokens": ("batch", "seq"), "labels": ("batch", "seq")}
 
 #: The module list pipeline stages must cover in order.

@@ -247,6 +247,19 @@ LAYOUT_RANK_MISMATCH = _code(
     _HEAD + _MESH + "split tokens [dp, -, -]\n",
     _HEAD + _MESH + "split tokens [dp, -]\n",
 )
+BLOCK_ORDER = _code(
+    "TVP237", "block-order", "a split states a block order that is unknown or cannot apply",
+    "A split entry names an order other than `contiguous` or `zigzag` (`zigzg(cp)`), puts "
+    "`zigzag` on the batch dimension of a model input, or on a parameter. Zigzag is the "
+    "load-balanced order of context parallelism: a sequence of `n` positions split over `N` "
+    "ranks is cut into `2N` chunks, and block `k` holds chunks `k` and `2N-1-k` "
+    "(docs/semantics.md §2.6).",
+    "The order decides which positions each rank holds; an unknown one has no meaning, and "
+    "the batch (cut by microbatches first, Rule 4.1) and the parameters have no positions to "
+    "balance.",
+    _HEAD + "mesh dp=2, cp=2\nsplit tokens [dp, zigzg(cp)]\n",
+    _HEAD + "mesh dp=2, cp=2\nsplit tokens [dp, zigzag(cp)]\n",
+)
 
 PIPELINE_AXIS_LAYOUT = _code(
     "TVP236", "pipeline-axis-layout", "a layout splits a tensor over `pp` or makes it partial "
@@ -520,8 +533,8 @@ CODES: tuple[Code, ...] = (
     TEMPLATE_ARGUMENTS, TEMPLATE_RECURSION, DUPLICATE_TEMPLATE, TEMPLATE_ARGUMENT_KIND,
     EXPANSION_LIMIT, UNKNOWN_NAME, DIVISION_BY_ZERO, INVALID_NUMBER, AXIS_USED_TWICE,
     SPLIT_AND_PARTIAL, CONFLICTING_LAYOUT, DUPLICATE_STATEMENT, SPLIT_NOT_DIVISIBLE,
-    LAYOUT_RANK_MISMATCH, PIPELINE_AXIS_LAYOUT, PIPELINE_WITHOUT_PP, STAGE_OUT_OF_RANGE,
-    STAGE_OVERLAP, STAGE_GAP, STAGE_ORDER, STAGE_COVERAGE, PIPELINE_AXIS_GROUP,
+    LAYOUT_RANK_MISMATCH, BLOCK_ORDER, PIPELINE_AXIS_LAYOUT, PIPELINE_WITHOUT_PP,
+    STAGE_OUT_OF_RANGE, STAGE_OVERLAP, STAGE_GAP, STAGE_ORDER, STAGE_COVERAGE, PIPELINE_AXIS_GROUP,
     VIRTUAL_STAGES, RANK_OVERRIDE,
     INVALID_MICROBATCHES, INVALID_LOSS_SCALE, UNKNOWN_OPTIMIZER, UNKNOWN_HYPERPARAMETER,
     MISSING_HYPERPARAMETER, INVALID_OPTION_VALUE, GRADIENT_STATEMENT_KIND, UNKNOWN_OPTION,

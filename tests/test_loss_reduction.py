@@ -237,3 +237,17 @@ def test_the_statement_formats_and_round_trips() -> None:
                                "p.tvp").plan.loss_reduction
     assert reduction is not None and reduction.mode == "token-mean"
     assert reduction.axes == ("cp", "dp")
+
+
+def test_a_count_that_depends_on_a_parameter_is_refused(tmp_path: Path) -> None:
+    """Rule 4.5: the step's count exists before the first microbatch only when it is computed
+    from the model inputs; a normaliser with a parameter in it is TVP414 at the statement."""
+    text = ('plan p\nspec "tests/models/tiny_nets.py:LearnedNormaliser" batch 4 seq 2\n'
+            "spec-optimizer sgd lr=0.1\nmesh dp=2\nloss-reduction token-mean\n"
+            "split x [dp, -, -]\nsplit target [dp, -, -]\n"
+            "all-reduce grad(params) over dp op=sum\noptimizer sgd lr=0.1\n")
+    with pytest.raises(SimulationSetupError) as error:
+        simulate_file(plan(tmp_path, text), allow_model_outside_root=True)
+    found = [(d.code.id, d.span.line) for d in error.value.diagnostics]
+    assert found == [("TVP414", 5)], found
+    assert "w" in error.value.diagnostics[0].message

@@ -214,3 +214,16 @@ class RenamedInputs(nn.Module):
     def forward(self, inp: torch.Tensor, goal: torch.Tensor) -> torch.Tensor:
         error = self.fc2(torch.relu(self.fc1(inp))) - goal
         return (error * error).mean()
+
+
+class LearnedNormaliser(TwoLinear):
+    """``TwoLinear`` whose loss is a sum over a learned "count" (``sum(error^2) / sum(w^2)``):
+    a normaliser that depends on a parameter, which no step-wide token count can replace."""
+
+    def __init__(self, d: int = 4, hidden: int = 8) -> None:
+        super().__init__(d, hidden)
+        self.w = nn.Parameter(torch.ones(3))
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        error = self.fc2(torch.relu(self.fc1(x))) - target
+        return (error * error).sum() / (self.w * self.w).sum()

@@ -128,6 +128,8 @@ def lower_root(lw: Any, root: Root) -> tuple[torch.fx.Node, TLayout]:
         cause = lay.cause
     else:
         s_lay, c_lay = lw.layout(root.numerator), lw.layout(root.count)
+        if mode_of(lw.plan) == "token-mean":
+            _check_count(lw, lw.value(stage, root.count))
         if (s_lay.partial or ("sum", ()))[0] != "sum" or s_lay.partial != c_lay.partial:
             raise LoweringError(Finding(
                 codes_lower.PARTIAL_NONLINEAR, "the loss divides a sum partial over "
@@ -169,12 +171,43 @@ def normalise(lw: Any, numerator: torch.fx.Node, count: torch.fx.Node | int,
             origin, "loss"))
     if isinstance(count, int):
         count = lw.emit(aten.full.default, ([], count), {"dtype": torch.int64})
+    _check_count(lw, count)
     dtype = numerator.meta["val"].dtype
     denominator = lw.placeholder(lw.stage, DENOMINATOR, "denominator", "loss", scalar, dtype)
     lw.loss_count = (count, tuple(counted))
     out = lw.emit(aten.div.Tensor, (numerator, denominator))
     summed = tuple(a for a in axes if a in counted or a == MICROBATCH_AXIS)
     return out, scalar.with_partial(("sum", summed), origin) if summed else scalar
+
+
+def _check_count(lw: Any, count: torch.fx.Node) -> None:
+    """A step-wide count exists before the first microbatch only when the local count is
+    computed from the model inputs alone (Rule 4.5)."""
+    reads = _computed_inputs(lw, count)
+    if reads:
+        raise LoweringError(Finding(
+            codes_lower.LOSS_REDUCTION_MISMATCH,
+            "`loss-reduction token-mean`: the loss's token count depends on "
+            f"{', '.join(sorted(reads))}, not on the model inputs alone, so no step-wide count "
+            "exists before the first microbatch (docs/semantics.md Rule 4.5)",
+            lw.plan.loss_reduction.origin, "loss"))
+
+
+def _computed_inputs(lw: Any, node: torch.fx.Node) -> set[str]:
+    """The stage inputs other than data, buffers, coordinates and constants that ``node``
+    (in the loss stage's local graph) depends on."""
+    kinds = {s.name: s.kind for s in lw.inputs[lw.stage]}
+    seen: set[torch.fx.Node] = set()
+    todo, found = [node], set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder" and kinds.get(n.name) not in ("data", "buffer", "coord"):
+            found.add(n.name)
+        todo.extend(n.all_input_nodes)
+    return found
 
 
 def _axes_text(lay: TLayout) -> str:

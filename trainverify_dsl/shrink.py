@@ -504,7 +504,7 @@ def used_axes(plan: Any) -> set[str]:
             used.update(opt.shard_axes)
     for alg in plan.algorithms:
         used.update(alg.axes)
-    for override in getattr(plan, "overrides", ()):  # ranks along it run another step
+    for override in plan.overrides:  # ranks along it run another step
         used.update(a for a, _ in override.coords)
     clip = plan.clip_grad_norm
     if clip is not None and clip.replicas == "each":  # every copy counts in the norm

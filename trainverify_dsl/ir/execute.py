@@ -137,11 +137,8 @@ class _Run:
         coords = self.coords(rank, m)
         feed: dict[str, Any] = {}
         for slot in stage.inputs:
-            if slot.kind in ("param", "data", "buffer"):
-                feed[slot.name] = take_local(self.values[slot.spec], slot.layout, coords,
-                                             self.sizes)
-            elif slot.kind == "coord":
-                feed[slot.name] = np.array(coords[slot.spec], dtype=np.int64)
+            if slot.kind in ("param", "data", "buffer", "coord"):
+                feed[slot.name] = self._step_input(slot, coords)
             elif slot.kind == "recv":
                 feed[slot.name] = self._received(stage, slot, rank, m, sends)
             elif slot.kind == "denominator":
@@ -154,6 +151,13 @@ class _Run:
                 shape = stage.graph.inputs[len(feed)].type.shape
                 feed[slot.name] = self.domain.fill(shape, 0) if value is None else value
         return feed
+
+    def _step_input(self, slot: Any, coords: Mapping[str, int]) -> Any:
+        """A slot fed from the step's inputs: the rank's piece of a parameter, buffer or data
+        input, or its coordinate."""
+        if slot.kind == "coord":
+            return np.array(coords[slot.spec], dtype=np.int64)
+        return take_local(self.values[slot.spec], slot.layout, coords, self.sizes)
 
     def _received(self, stage: Stage, slot: Any, rank: int, m: int, sends: Mapping) -> Any:
         t = self.transfers[(stage.index, slot.spec)]
@@ -216,10 +220,7 @@ class _Run:
                 coords = self.coords(rank, m)
                 feed: dict[str, Any] = {}
                 for g in loss.count.inputs:
-                    slot = slots[g.name]
-                    feed[g.name] = np.array(coords[slot.spec], dtype=np.int64) \
-                        if slot.kind == "coord" else \
-                        take_local(self.values[slot.spec], slot.layout, coords, self.sizes)
+                    feed[g.name] = self._step_input(slots[g.name], coords)
                 total += _known_int(evaluate_graph(loss.count, feed, self.domain)["count"])
             counts[rank] = total
         out: dict[int, Any] = {}

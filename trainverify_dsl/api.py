@@ -560,8 +560,13 @@ def _counterexample(result: SimulationResult, seed: int) -> Any:
 
     first = result.first
     assert first is not None
-    return Counterexample(first.check, first.tensor, first.rank, first.rel_error, first.span,
-                          first.detail, seed)
+    found = Counterexample(first.check, first.tensor, first.rank, first.rel_error, first.span,
+                           first.detail, seed)
+    reading = result.reading
+    if reading is not None:
+        found.reading, found.index = reading.text, reading.index
+        found.spec_value, found.rank_values = reading.spec, reading.ranks
+    return found
 
 
 def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,

@@ -46,8 +46,13 @@ class Counterexample:
     detail: str = ""
     #: how the values were drawn (``seed``) and the sizes evaluated at
     seed: int = 0
-    #: a one-line reading of the difference
+    #: a one-line reading of the difference (``ir/reading.py``)
     reading: str = ""
+    #: the element the reading shows, the spec's value there and each shown rank's
+    #: ``(coordinates, value)``
+    index: tuple[int, ...] = ()
+    spec_value: float | None = None
+    rank_values: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass

@@ -136,7 +136,10 @@ def _counterexample(c: Any) -> dict[str, Any] | None:
         return None
     return {"check": c.check, "tensor": c.tensor, "rank": c.rank,
             "rel_error": c.rel_error if math.isfinite(c.rel_error) else None,
-            "detail": c.detail, "seed": c.seed, **_span(c.span)}
+            "detail": c.detail, "seed": c.seed, **_span(c.span),
+            "reading": c.reading or None, "element": list(c.index) if c.reading else None,
+            "spec_value": c.spec_value,
+            "rank_values": [{"rank": who, "value": v} for who, v in c.rank_values]}
 
 
 def plan_document(v: Any) -> dict[str, Any]:
@@ -178,12 +181,20 @@ def diagnostics(v: Any) -> list[Any]:
     whole = Span(v.plan, 1, 1, 1, 1)
     c = v.counterexample
     if c is not None:
-        found.append(Diagnostic(COUNTEREXAMPLE, _reading(c), c.span or whole,
-                                (f"found by the check `{c.check}`",)))
+        notes = (f"found by the check `{c.check}`",)
+        if c.reading:
+            notes += (c.reading, _values_line(c))
+        found.append(Diagnostic(COUNTEREXAMPLE, _reading(c), c.span or whole, notes))
     elif v.verdict == "inconclusive":
         found.append(Diagnostic(INCONCLUSIVE, v.reason, whole,
                                 tuple(f"{w}: {r}" for w, r in v.open[:5])))
     return found
+
+
+def _values_line(c: Any) -> str:
+    from trainverify_dsl.ir.reading import Reading
+
+    return Reading(c.reading, c.index, c.spec_value, c.rank_values).values_line()
 
 
 def _reading(c: Any) -> str:
@@ -208,6 +219,9 @@ def text(v: Any, color: bool = False) -> str:
     c = v.counterexample
     if c is not None:
         lines.append(f"  {paint(_where(c.span) + ':', 'location')} {_reading(c)}")
+        if c.reading:
+            lines.append(f"    reading: {c.reading}")
+            lines.append(f"    {_values_line(c)}")
     for where, reason in v.open[:5]:
         lines.append(f"  {paint('not proven:', 'doubt')} {where}: {reason}")
     if len(v.open) > 5:

@@ -176,11 +176,19 @@ def _simulation_json(result: Any) -> dict[str, Any]:
         "idle_axes": result.idle_axes,
         "estimated_bytes": result.estimated_bytes,
         "first_difference": _mismatch(result.first) if result.first else None,
+        "reading": _reading_json(result.reading),
         "mismatches": [_mismatch(m) for m in result.mismatches[:SHOWN]],
         "mismatch_count": len(result.mismatches),
         "lineage_mismatches": [_mismatch(m) for m in result.lineage_mismatches[:SHOWN]],
         "findings": [_diagnostic(d) for d in result.findings],
     }
+
+
+def _reading_json(reading: Any) -> dict[str, Any] | None:
+    if reading is None:
+        return None
+    return {"text": reading.text, "element": list(reading.index), "spec_value": reading.spec,
+            "rank_values": [{"rank": who, "value": v} for who, v in reading.ranks]}
 
 
 def _diagnostic(d: Any) -> dict[str, Any]:
@@ -233,6 +241,9 @@ def _text(path: str, result: Any, color: bool = False) -> str:
                      f"{m.rel_error:.3g}{detail}")
     if len(result.mismatches) > SHOWN:
         lines.append(f"  ... and {len(result.mismatches) - SHOWN} more")
+    if result.reading is not None:
+        lines.append(f"  reading of the first difference: {result.reading.text}")
+        lines.append(f"    {result.reading.values_line()}")
     return "\n".join(lines) + "\n"
 
 

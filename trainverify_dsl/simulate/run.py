@@ -51,6 +51,8 @@ class SimulationResult:
     idle_axes: dict[str, int] = field(default_factory=dict)
     #: the memory estimate the budget was checked against (``simulate.budget``)
     estimated_bytes: int = 0
+    #: how the first difference differs (``ir.reading.Reading``), when it has values
+    reading: Any = None
 
     @property
     def agrees(self) -> bool:
@@ -201,6 +203,10 @@ def compare_programs(program: ParallelProgram, want: dict[str, np.ndarray],
     result = SimulationResult(program.name, pair.mesh.world_size, pair.worst, pair.compared,
                               pair.mismatches)
     result.lineage_mismatches = pair.lineage_mismatches
+    if result.first is not None:
+        from trainverify_dsl.ir.reading import read
+
+        result.reading = read(pair, result.first)
     return result
 
 

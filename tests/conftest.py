@@ -1,7 +1,7 @@
 """Shared pytest setup: the project root (for `stdlib.models`) is importable; a `float64`
 fixture for tests that compare with torch numerically; FORCE_COLOR from the developer's shell
 does not reach the commands under test (plain-text tests expect `--color auto` through a pipe
-to be plain)."""
+to be plain); every test has a proof cache of its own."""
 
 import sys
 from pathlib import Path
@@ -29,3 +29,11 @@ def float64():
 @pytest.fixture(autouse=True)
 def _no_forced_colour(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FORCE_COLOR", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _own_proof_cache(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+                     ) -> None:
+    """Each test has an empty proof cache of its own (``check/cache.py``), so a test that
+    checks a plan proves it, whatever an earlier test or the developer's cache holds."""
+    monkeypatch.setenv("TVP_CACHE_DIR", str(tmp_path_factory.mktemp("proofs")))

@@ -454,13 +454,15 @@ TIME_LIMIT = 600.0
 
 def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
                allow_model_outside_root: bool = False, max_memory: int | None = None,
-               progress: Progress = _quiet, time_limit: float | None = TIME_LIMIT) -> Any:
+               progress: Progress = _quiet, time_limit: float | None = TIME_LIMIT,
+               cache: bool = True, cache_dir: str | Path | None = None) -> Any:
     """``tvp check``: prove the plan at ``path`` computes the spec's training step. Returns a
     ``check.verdict.Verdict``; never raises for a bad plan (its diagnostics are in the
     verdict). ``timeout``: seconds for each solver call. ``time_limit``: seconds for the
     whole plan (``None``: none); the phases before the proof (layout pass, lowering, numeric
     pre-check) are not interrupted, the proof stops where the limit finds it and the verdict
-    is ``inconclusive``."""
+    is ``inconclusive``. ``cache``: read and write the proof cache (``check/cache.py``) in
+    ``cache_dir`` (``None``: its default folder)."""
     import time
 
     from trainverify_dsl.check.verdict import COUNTEREXAMPLE, ERROR, Verdict
@@ -505,7 +507,12 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
                              "proven (numeric evaluation found no difference)"
         else:
             deadline = None if time_limit is None else start + time_limit
-            _prove(verdict, check_pair(built, values), timeout, progress, deadline)
+            folder = None
+            if cache:
+                from trainverify_dsl.check.cache import default_dir
+
+                folder = Path(cache_dir) if cache_dir is not None else default_dir()
+            _prove(verdict, check_pair(built, values), timeout, progress, deadline, folder)
     verdict.seconds = time.perf_counter() - start
     return verdict
 
@@ -570,8 +577,9 @@ def _counterexample(result: SimulationResult, seed: int) -> Any:
 
 
 def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
-           deadline: float | None = None) -> None:
-    from trainverify_dsl.check.prove import prove
+           deadline: float | None = None, cache: Path | None = None) -> None:
+    from trainverify_dsl.check import cache as proofs
+    from trainverify_dsl.check.prove import Proof, prove
     from trainverify_dsl.check.verdict import (
         BASE_ASSUMPTIONS,
         ERROR,
@@ -579,7 +587,14 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
         VERIFIED,
     )
 
-    proof = prove(pair, timeout, progress, deadline)
+    name = proofs.key(pair) if cache is not None else None
+    counts = proofs.load(cache, name) if cache is not None and name is not None else None
+    if counts is not None:
+        proof, verdict.cached = Proof("proven", **counts), True
+    else:
+        proof = prove(pair, timeout, progress, deadline)
+        if cache is not None and name is not None:
+            proofs.store(cache, name, proof)
     verdict.assumptions = list(BASE_ASSUMPTIONS) + _assumptions(pair)
     if proof.assumed_orders:
         verdict.assumptions.append(
@@ -597,7 +612,8 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
         verdict.verdict, verdict.stages_proven = VERIFIED, 1
         verdict.reason = f"{proof.elements:,} elements compared: {proof.by_normal_form:,} " \
                          f"equal in normal form, {proof.by_expansion:,} by multiplying out, " \
-                         f"{proof.by_solver:,} proven by z3"
+                         f"{proof.by_solver:,} proven by z3" + \
+                         (" (proven before: from the proof cache)" if verdict.cached else "")
     elif proof.status == "unsupported":
         verdict.verdict, verdict.reason = INCONCLUSIVE, proof.reason
     elif proof.status == "failed":  # the numeric checks passed: an internal inconsistency

@@ -77,6 +77,8 @@ class Verdict:
     #: the sizes proven at (shrunk widths) and the mesh axes run at size 1
     sizes: dict[str, Any] = field(default_factory=dict)
     idle_axes: dict[str, int] = field(default_factory=dict)
+    #: the proof was read from the proof cache (``check/cache.py``), not run again
+    cached: bool = False
     #: the obligations left unproven (for inconclusive verdicts): ``(where, reason)``
     open: list[tuple[str, str]] = field(default_factory=list)
 

@@ -51,9 +51,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=_seconds, default=600.0, metavar="S",
                         help="seconds for each plan (default 600; 0: no limit); the proof "
                              "stops there and the verdict is inconclusive")
+    parser.add_argument("--jobs", "-j", type=_jobs, default=1, metavar="N",
+                        help="check up to N plans at once, each in its own process (default "
+                             "1)")
+    parser.add_argument("--no-cache", dest="cache", action="store_false",
+                        help="neither read nor write the proof cache")
+    parser.add_argument("--cache-dir", metavar="DIR", default=None,
+                        help="the proof cache's folder (default $TVP_CACHE_DIR, else "
+                             "~/.cache/trainverify_dsl/proofs)")
     add_color_option(parser)
     add_max_memory_option(parser)
     add_model_root_option(parser)
+
+
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of jobs: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least one job: {text!r}")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -81,7 +99,8 @@ def check_one(path: str, args: argparse.Namespace, progress: Any) -> Any:
         return check_file(path, seed=args.seed, timeout=args.timeout,
                           allow_model_outside_root=args.allow_model_outside_root,
                           max_memory=args.max_memory, progress=progress,
-                          time_limit=args.time_limit or None)
+                          time_limit=args.time_limit or None, cache=args.cache,
+                          cache_dir=args.cache_dir)
     except Exception as error:  # noqa: BLE001 - an internal error is a verdict, not a traceback
         return Verdict(ERROR, path, reason=f"internal error: {type(error).__name__}: {error}")
 
@@ -92,10 +111,12 @@ def run(args: argparse.Namespace) -> int:
     from trainverify_dsl.cli.progress import phases
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own deprecations
-    verdicts = []
     with phases(args.format == "text") as show:
-        for path in args.plans:
-            verdicts.append(check_one(path, args, lambda phase, p=path: show(f"{p}: {phase}")))
+        if args.jobs > 1 and len(args.plans) > 1:
+            verdicts = check_parallel(args, show)
+        else:
+            verdicts = [check_one(path, args, lambda phase, p=path: show(f"{p}: {phase}"))
+                        for path in args.plans]
     worst = max(verdicts, key=lambda v: (_WORST[v.verdict], v.exit_code))
     for v in verdicts:
         if v.exit_code == 2:
@@ -115,6 +136,41 @@ def run(args: argparse.Namespace) -> int:
         found = [d for v in verdicts for d in diagnostics(v)]
         sys.stdout.write(render_diagnostics(found, list(args.plans), args.format))
     return worst.exit_code
+
+
+def _job(path: str, options: dict[str, Any]) -> Any:
+    """One plan in a worker process: the job is plain data (a path and the options)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    return check_one(path, argparse.Namespace(**options), lambda phase: None)
+
+
+def check_parallel(args: argparse.Namespace, show: Any) -> list[Any]:
+    """Every plan in a pool of ``args.jobs`` processes (spawned: each imports torch on its
+    own); verdicts in the order the plans were given. A worker that dies is an ``error``
+    verdict for its plan."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from trainverify_dsl.check.verdict import ERROR, Verdict
+
+    options = {k: v for k, v in vars(args).items() if k != "handler"}
+    plans = list(args.plans)
+    verdicts: list[Any] = [None] * len(plans)
+    workers = min(args.jobs, len(plans))
+    show(f"checking {len(plans)} plans in {workers} processes")
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_job, path, options): k for k, path in enumerate(plans)}
+        for done, future in enumerate(as_completed(futures), 1):
+            k = futures[future]
+            try:
+                verdicts[k] = future.result()
+            except Exception as error:  # noqa: BLE001 - a lost worker is a verdict
+                verdicts[k] = Verdict(ERROR, plans[k], reason=f"internal error: the worker "
+                                      f"checking it failed: {type(error).__name__}: {error}")
+            show(f"{done}/{len(plans)} plans checked ({plans[k]}: {verdicts[k].verdict})")
+    return verdicts
 
 
 # -- documents -----------------------------------------------------------------------------------
@@ -146,7 +202,7 @@ def plan_document(v: Any) -> dict[str, Any]:
     return {"plan": v.plan, "verdict": v.verdict, "exit_code": v.exit_code,
             "reason": v.reason, "stages_total": v.stages_total,
             "stages_unique": v.stages_unique, "stages_proven": v.stages_proven,
-            "seconds": round(v.seconds, 3), "elements": v.elements,
+            "seconds": round(v.seconds, 3), "cached": v.cached, "elements": v.elements,
             "by_normal_form": v.by_normal_form, "by_expansion": v.by_expansion,
             "by_solver": v.by_solver,
             "assumptions": v.assumptions, "sizes": v.sizes, "idle_axes": v.idle_axes,

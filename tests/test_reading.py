@@ -44,8 +44,8 @@ WANT = np.arange(1.0, 9.0).reshape(4, 2)
 
 
 @pytest.mark.parametrize("factor, words", [
-    (2.0, "2 times the spec's value: counted once per rank of its dp group (size 2)"),
-    (0.5, "1/2 times the spec's value: divided by its dp group's size (2) once too often"),
+    (2.0, "2 times the spec's value: counted once per rank of its dp group (size 2): summed"),
+    (0.5, "1/2 times the spec's value: divided by the size of its dp group (2) once too often"),
     (3.0, "3 times the spec's value"),
 ])
 def test_a_constant_factor_is_read_and_named_after_the_group_it_matches(factor, words):
@@ -133,3 +133,24 @@ def test_check_reads_a_sum_where_an_average_was_meant():
         in found["reading"]
     (rank,) = found["rank_values"]
     assert rank["value"] == pytest.approx(2 * found["spec_value"], rel=1e-9)
+
+
+def test_small_values_keep_integers_buffers_and_signs():
+    from trainverify_dsl.simulate.run import SMALL, SMALL_POSITIVE, small_values
+
+    rng = np.random.default_rng(0)
+    values = {"w": rng.normal(size=(3, 4)), "v(w)": rng.uniform(0.1, 1, size=(3, 4)),
+              "tokens": np.arange(6).reshape(2, 3), "rope.cos": rng.normal(size=(5,)),
+              "scale": np.full((2,), 3.0)}
+    small = small_values(values, {"rope.cos"}, np.random.default_rng(1))
+    assert set(np.unique(small["w"])) <= set(SMALL)
+    assert set(np.unique(small["v(w)"])) <= set(SMALL_POSITIVE)
+    assert set(np.unique(small["scale"])) <= set(SMALL_POSITIVE)  # positive everywhere
+    assert small["tokens"] is values["tokens"] and small["rope.cos"] is values["rope.cos"]
+
+
+def test_a_counterexample_is_shown_at_small_inputs_when_they_still_show_it():
+    found = _check_json("plans/bugs/loss_not_scaled.tvp")
+    assert found["inputs"] == "inputs drawn from ±1/2, ±1"
+    assert "counted once per rank of its dp group (size 2) or once per microbatch (size 2)" \
+        in found["reading"]

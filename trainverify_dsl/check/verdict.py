@@ -53,6 +53,8 @@ class Counterexample:
     index: tuple[int, ...] = ()
     spec_value: float | None = None
     rank_values: tuple[tuple[str, float], ...] = ()
+    #: how the inputs it was found at were drawn (random, or shrunk towards small values)
+    inputs: str = "random inputs"
 
 
 @dataclass

@@ -192,7 +192,7 @@ def _counterexample(c: Any) -> dict[str, Any] | None:
         return None
     return {"check": c.check, "tensor": c.tensor, "rank": c.rank,
             "rel_error": c.rel_error if math.isfinite(c.rel_error) else None,
-            "detail": c.detail, "seed": c.seed, **_span(c.span),
+            "detail": c.detail, "seed": c.seed, "inputs": c.inputs, **_span(c.span),
             "reading": c.reading or None, "element": list(c.index) if c.reading else None,
             "spec_value": c.spec_value,
             "rank_values": [{"rank": who, "value": v} for who, v in c.rank_values]}

@@ -8,7 +8,8 @@ the readings below in order, each a numeric fact about the recorded values (tole
 
 1. the rank holds zeros where the spec does not (the value never reached it);
 2. the rank holds the spec's value times a constant ``k`` (named when ``k`` or ``1/k`` is the
-   size of a group of mesh axes: over-counted by that group, or divided by it once too often);
+   size of a group of mesh axes or the microbatch count: over-counted by that group, or
+   divided by it once too often);
 3. the rank holds a partial sum: the sum over its group along some mesh axes is the spec's
    value (the plan uses it as complete);
 4. the rank holds the piece the layout gives another rank (blocks in another order, a value
@@ -170,16 +171,19 @@ def _factor(pair: Pair, got: np.ndarray, want: np.ndarray, who: str, close: Any)
         # one number is always some multiple of another: only a simple ratio reads as one
         return f"{who} holds the spec's value times {k:.6g}" if got.size > 1 else None
     text = f"{who} holds {_fraction(ratio)} times the spec's value"
-    mesh = pair.mesh
-    for axes in _axis_sets(pair):
-        size = mesh.group_size(axes)
-        group = ", ".join(axes)
-        if ratio == size:
-            return f"{text}: counted once per rank of its {group} group (size {size}): " \
-                   "summed where an average was meant, or reduced twice"
-        if ratio == Fraction(1, size):
-            return f"{text}: divided by its {group} group's size ({size}) once too often " \
-                   "(averaged where a sum was meant, or scaled twice)"
+    counts = [(f"rank of its {', '.join(axes)} group", pair.mesh.group_size(axes))
+              for axes in _axis_sets(pair)]
+    if pair.program.microbatches > 1:
+        counts.append(("microbatch", pair.program.microbatches))
+    over = [f"once per {what} (size {n})" for what, n in counts if ratio == n]
+    under = [f"by the size of its {what.removeprefix('rank of its ')} ({n})"
+             for what, n in counts if ratio == Fraction(1, n)]
+    if over:
+        return f"{text}: counted {' or '.join(over)}: summed where an average was meant, " \
+               "reduced twice, or a loss not divided by that count"
+    if under:
+        return f"{text}: divided {' or '.join(under)} once too often (averaged where a sum " \
+               "was meant, or scaled twice)"
     return text
 
 

@@ -116,6 +116,29 @@ def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Gener
     return values
 
 
+#: The values a counterexample is shrunk towards (``small_values``): every float input but the
+#: buffers takes one of these; one that must stay positive (Adam's ``v``, an input positive
+#: everywhere) takes one of ``SMALL_POSITIVE``.
+SMALL = (-1.0, -0.5, 0.5, 1.0)
+SMALL_POSITIVE = (0.5, 1.0)
+
+
+def small_values(values: Mapping[str, np.ndarray], buffers: set[str],
+                 rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """``values`` with every float input except ``buffers`` redrawn from ``SMALL`` (or
+    ``SMALL_POSITIVE``): the inputs a counterexample is shown at when they still show it.
+    Integer inputs (token ids, labels) and buffers (RoPE tables) are kept."""
+    out = dict(values)
+    for name, value in values.items():
+        array = np.asarray(value)
+        if name in buffers or not np.issubdtype(array.dtype, np.floating):
+            continue
+        choices = SMALL_POSITIVE if name.startswith("v(") or (array.size and np.all(array > 0)) \
+            else SMALL
+        out[name] = rng.choice(choices, size=array.shape)
+    return out
+
+
 #: The share of a masked input's entries that carry its masking value (``ignore_index``).
 MASKED_SHARE = 0.3
 

@@ -620,6 +620,13 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
         VERIFIED,
     )
 
+    from trainverify_dsl.check import reduce
+
+    unreduced = reduce.problem(pair)
+    if unreduced is not None:
+        verdict.verdict, verdict.reason = INCONCLUSIVE, unreduced
+        verdict.assumptions = list(BASE_ASSUMPTIONS) + _assumptions(pair)
+        return
     name = proofs.key(pair) if cache is not None else None
     counts = proofs.load(cache, name) if cache is not None and name is not None else None
     if counts is not None:
@@ -659,11 +666,11 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
 
 def _assumptions(pair: Any) -> list[str]:
     out = []
-    if pair.sizes:
-        sizes = ", ".join(f"{k}={v}" for k, v in pair.sizes.items())
-        out.append(f"shape reduction: proven at shrunk widths ({sizes}) that keep every "
-                   "split's divisibility (trainverify_dsl/shrink.py); that the proof carries "
-                   "to the full sizes is argued in docs/checking.md, not proven")
+    from trainverify_dsl.check import reduce
+
+    reduction = reduce.assumption(pair)
+    if reduction is not None:
+        out.append(reduction)
     if pair.known:
         names = ", ".join(sorted(pair.known))
         out.append(f"integer inputs take one drawn value each ({names}): the proof holds for "

@@ -6,9 +6,11 @@ int64). The fields the checker will fill later are present now and ``None`` unti
 
 - ``z3_encoding``: turns z3 operand terms into the result terms (check/ only).
 - ``layout_rule``: how split/replicate/partial layouts propagate through the op (lower/).
-- ``reduction_class``: the shape-reduction class (``elementwise``, ``reduction``,
-  ``contraction``...); ``None`` means the op's dimensions may not be shrunk.
-- ``min_sizes``: per-dimension minimum sizes the shape-reduction theorem needs.
+- ``reduction_class``: the shape-reduction class (``REDUCTION_CLASSES``: ``elementwise``,
+  ``reduction``, ``contraction``...); ``None`` means the op's dimensions may not be shrunk,
+  and a proof at reduced sizes of a step holding it is inconclusive (``check/reduce.py``).
+- ``min_sizes``: the minimum size of each dimension the op reduces, where the full size has
+  at least that (``REDUCTION_MINIMUM``).
 
 Ops are close to Core ATen. Scalars are 0-d ``full`` constants, so every operand is a tensor.
 Collectives (group ``collective``) evaluate on the list of per-rank arrays of one group
@@ -567,9 +569,48 @@ _RANK_BATCH = {"constant": "shared", "elementwise": "elementwise", "reduction": 
                "ordering": "dims", "collective": "collective"}
 
 
+#: The shape-reduction classes (docs/checking.md, "Shape reduction"): what an op's meaning
+#: needs of the sizes it runs at, so that a proof at reduced sizes carries to the full ones.
+#:
+#: - ``elementwise``: each output element from the input elements at the same index (after
+#:   broadcasting); uniform in every dimension, no minimum.
+#: - ``reduction``: a sum, mean, max, min or any over whole dimensions; each reduced
+#:   dimension >= 2 where it is >= 2 at full size.
+#: - ``contraction``: a matrix product; the contracted dimension >= 2 likewise.
+#: - ``normalised``: softmax and its backward forms, normalised along one dimension >= 2.
+#: - ``layout``: moves whole dimensions (reshape, expand, permute, squeeze, flip); a reshape
+#:   keeps its factor structure (heads x head_dim) because every factor is a width.
+#: - ``block``: moves blocks along a dimension (slice, cat, select, their scatters); its
+#:   bounds are block boundaries of the widths (multiples of a width), as the tracer records
+#:   them at the reduced sizes.
+#: - ``gather``: data-dependent positions (embedding, gather, index, scatter); proven for the
+#:   drawn indices, all in range.
+#: - ``position``: values that are positions (``arange``, ``cumsum``): the reduced program sees
+#:   positions up to the reduced sizes only, so both programs' position arithmetic must be
+#:   a function of the widths (offsets by block, never a literal position).
+#: - ``ordering``: top-k and sorts, ``argmax``: taken at the drawn values (stated in the
+#:   verdict), ``k`` unchanged.
+#: - ``constant``: a fill or a literal; no width.
+#: - ``collective``: over a mesh axis group (the mesh is never reduced); the dimension it
+#:   splits or gathers keeps the group size's factors (the shrinker's divisibility rule).
+REDUCTION_CLASSES = ("elementwise", "reduction", "contraction", "normalised", "layout",
+                     "block", "gather", "position", "ordering", "constant", "collective")
+#: The class of each op group (``OpDef.reduction_class``); an entry may override it.
+_REDUCTION = {"constant": "constant", "elementwise": "elementwise", "reduction": "reduction",
+              "contraction": "contraction", "view": "layout", "index": "block",
+              "softmax": "normalised", "ordering": "ordering", "collective": "collective"}
+#: Classes whose reduced dimensions keep at least this size where the full size has it
+#: (``OpDef.min_sizes`` of such an op: that minimum for each dimension it reduces).
+REDUCTION_MINIMUM = {"reduction": 2, "contraction": 2, "normalised": 2}
+
+
 def _op(name: str, group: str, meaning: str, arity: int | None, attrs: tuple[str, ...],
         shape_rule: ShapeRule, evaluate: Evaluate, **extra: Any) -> OpDef:
     extra.setdefault("rank_batch", _RANK_BATCH[group])
+    extra.setdefault("reduction_class", _REDUCTION[group])
+    minimum = REDUCTION_MINIMUM.get(extra["reduction_class"])
+    if minimum is not None:
+        extra.setdefault("min_sizes", (minimum,))
     return OpDef(name, group, meaning, arity, attrs, shape_rule, evaluate, **extra)
 
 
@@ -589,7 +630,7 @@ _ENTRIES: tuple[OpDef, ...] = (
         ("dtype", "shape", "value"), _constant, lambda args, a: _fill(a)),
     _op("arange", "constant", "start, start+step, ... below end", 0,
         ("dtype", "end", "start", "step"), _arange,
-        lambda args, a: np.arange(a["start"], a["end"], a["step"])),
+        lambda args, a: np.arange(a["start"], a["end"], a["step"]), reduction_class="position"),
     _op("literal", "constant", "small tensor constant: row-major `values` in `shape`", 0,
         ("dtype", "shape", "values"), _literal,
         lambda args, a: np.array(a["values"]).reshape(a["shape"])),
@@ -653,9 +694,10 @@ _ENTRIES: tuple[OpDef, ...] = (
     _op("any", "reduction", "logical or over dims", 1, ("dims", "keepdim"), _any,
         _reduce_np(np.any)),
     _op("argmax", "reduction", "index of the first max along dim", 1, ("dim", "keepdim"),
-        _argmax, lambda args, a: np.argmax(args[0], axis=a["dim"], keepdims=a["keepdim"])),
+        _argmax, lambda args, a: np.argmax(args[0], axis=a["dim"], keepdims=a["keepdim"]),
+        reduction_class="ordering"),
     _op("cumsum", "reduction", "inclusive prefix sum along dim", 1, ("dim",), _cumsum,
-        lambda args, a: np.cumsum(args[0], axis=a["dim"])),
+        lambda args, a: np.cumsum(args[0], axis=a["dim"]), reduction_class="position"),
     # -- contractions ---------------------------------------------------------------------------
     _op("mm", "contraction", "matrix product [m,k] @ [k,n]", 2, (), _mm,
         lambda args, a: args[0] @ args[1]),
@@ -687,20 +729,24 @@ _ENTRIES: tuple[OpDef, ...] = (
     _op("cat", "index", "concatenate operands along dim", None, ("dim",), _cat,
         lambda args, a: np.concatenate(args, axis=a["dim"])),
     _op("gather", "index", "out[i..] = x[i.. with dim replaced by index[i..]]", 2, ("dim",),
-        _gather, _gather_np, rank_batch="loop"),
+        _gather, _gather_np, rank_batch="loop", reduction_class="gather"),
     _op("scatter", "index", "dest with dest[i.. with dim := index[i..]] = src[i..]", 3, ("dim",),
-        _scatter, lambda args, a: _scatter_np(args, a, accumulate=False), rank_batch="loop"),
+        _scatter, lambda args, a: _scatter_np(args, a, accumulate=False), rank_batch="loop",
+        reduction_class="gather"),
     _op("scatter_add", "index", "like scatter, but adds src into dest", 3, ("dim",), _scatter,
-        lambda args, a: _scatter_np(args, a, accumulate=True), rank_batch="loop"),
+        lambda args, a: _scatter_np(args, a, accumulate=True), rank_batch="loop",
+        reduction_class="gather"),
     _op("index", "index", "x[:, ..(skip).., i0, i1, ...]: adjacent integer index tensors", None,
         ("skip",), _index, lambda args, a: args[0][_index_key(args[1:], a)], min_arity=2,
-        rank_batch="loop"),
+        rank_batch="loop", reduction_class="gather"),
     _op("index_put", "index", "dest with dest[:, ..(skip).., i0, ...] = (+= if accumulate) v",
-        None, ("accumulate", "skip"), _index_put, _index_put_np, min_arity=3, rank_batch="loop"),
+        None, ("accumulate", "skip"), _index_put, _index_put_np, min_arity=3, rank_batch="loop",
+        reduction_class="gather"),
     _op("index_select", "index", "rows of x along dim picked by a 1-d index", 2, ("dim",),
-        _index_select, lambda args, a: np.take(args[0], args[1], axis=a["dim"]), rank_batch="loop"),
+        _index_select, lambda args, a: np.take(args[0], args[1], axis=a["dim"]), rank_batch="loop",
+        reduction_class="gather"),
     _op("embedding", "index", "weight[indices]: rows of a [num, dim] table", 2, (), _embedding,
-        lambda args, a: args[0][args[1]], rank_batch="loop"),
+        lambda args, a: args[0][args[1]], rank_batch="loop", reduction_class="gather"),
     # -- softmax family and its backward forms (as ATen gives them) -----------------------------
     _op("softmax", "softmax", "exp(x - max) / sum(exp(x - max)) along dim", 1, ("dim",),
         _softmax, lambda args, a: _softmax_np(args[0], a["dim"])),

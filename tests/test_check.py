@@ -288,11 +288,11 @@ def test_colour_on_request_and_plain_text_otherwise(capsys: pytest.CaptureFixtur
     """`--color always` colours the verdict word; stripped of its escapes it is the plain
     output; `auto` through a pipe, and NO_COLOR, give plain text."""
     plan = str(ROOT / "plans" / "mlp_tiny_dp.tvp")
-    assert main(["check", "--color", "always", plan]) == 0
+    assert main(["check", "--no-cache", "--color", "always", plan]) == 0
     coloured = capsys.readouterr().out
     assert "\x1b[1;32mVERIFIED\x1b[0m" in coloured
     monkeypatch.setenv("NO_COLOR", "1")
-    assert main(["check", plan]) == 0
+    assert main(["check", "--no-cache", plan]) == 0
     plain = capsys.readouterr().out
     assert "\x1b[" not in plain
     strip = re.sub(r"\x1b\[[0-9;]*m", "", coloured)

@@ -48,9 +48,11 @@ def fingerprint() -> str:
     """The checker's identity: version, z3's version, the source of ``check/`` and ``ir/``."""
     from importlib import metadata
 
-    from trainverify_dsl import __version__
-
-    digest = hashlib.sha256(f"trainverify_dsl {__version__} format {FORMAT}".encode())
+    try:
+        version = metadata.version("trainverify_dsl")
+    except metadata.PackageNotFoundError:
+        version = "?"
+    digest = hashlib.sha256(f"trainverify_dsl {version} format {FORMAT}".encode())
     try:
         digest.update(f" z3 {metadata.version('z3-solver')}".encode())
     except metadata.PackageNotFoundError:

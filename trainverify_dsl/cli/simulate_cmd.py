@@ -155,7 +155,7 @@ def outcome_json(path: str, outcome: Outcome) -> dict[str, Any]:
         "error": outcome.error,
         "max_rel_error": None, "tolerance": None, "ranks": None, "compared": None,
         "sizes": None, "idle_axes": None, "estimated_bytes": None,
-        "first_difference": None, "mismatches": [], "mismatch_count": 0,
+        "first_difference": None, "reading": None, "mismatches": [], "mismatch_count": 0,
         "lineage_mismatches": [],
         "findings": [_diagnostic(d) for d in outcome.refusal],
     }

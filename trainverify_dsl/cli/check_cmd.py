@@ -33,7 +33,7 @@ import math
 import sys
 from typing import Any
 
-from trainverify_dsl.cli.lint_cmd import add_color_option, add_model_root_option
+from trainverify_dsl.cli.lint_cmd import add_color_option, add_model_root_option, positive_int
 from trainverify_dsl.cli.simulate_cmd import _where, add_max_memory_option
 
 #: the order of badness: the worst verdict decides the exit code
@@ -51,7 +51,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=_seconds, default=600.0, metavar="S",
                         help="seconds for each plan (default 600; 0: no limit); the proof "
                              "stops there and the verdict is inconclusive")
-    parser.add_argument("--jobs", "-j", type=_jobs, default=1, metavar="N",
+    parser.add_argument("--jobs", "-j", type=positive_int, default=1, metavar="N",
                         help="check up to N plans at once, each in its own process (default "
                              "1)")
     parser.add_argument("--no-cache", dest="cache", action="store_false",
@@ -62,16 +62,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_color_option(parser)
     add_max_memory_option(parser)
     add_model_root_option(parser)
-
-
-def _jobs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of jobs: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"at least one job: {text!r}")
-    return value
 
 
 def _seconds(text: str) -> float:

@@ -23,6 +23,8 @@ import re
 import sys
 from pathlib import Path
 
+from trainverify_dsl.cli.lint_cmd import positive_int
+
 EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -44,11 +46,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the reference model's config (stdlib/models/configs.json)")
     parser.add_argument("--spec", metavar="FILE:CLASS",
                         help="the spec model; must be the config's (default: the config's)")
-    parser.add_argument("--seq", type=_positive, required=True, help="sequence length")
-    parser.add_argument("--batch", type=_positive, help="global batch size")
+    parser.add_argument("--seq", type=positive_int, required=True, help="sequence length")
+    parser.add_argument("--batch", type=positive_int, help="global batch size")
     parser.add_argument("--mesh", type=_mesh, metavar="AXIS=N,...",
                         help="mesh axes outermost first, from pp, dp, tp (e.g. dp=2,tp=2)")
-    parser.add_argument("--microbatches", type=_positive, help="microbatches (default 1)")
+    parser.add_argument("--microbatches", type=positive_int, help="microbatches (default 1)")
     parser.add_argument("--schedule", choices=("gpipe", "1f1b"),
                         help="pipeline schedule (with --microbatches)")
     parser.add_argument("--optimizer", metavar='"KIND K=V..."',
@@ -59,7 +61,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="layers per pipeline stage (hf, torchtitan; default: equal)")
     parser.add_argument("--loss-parallel", action=argparse.BooleanOptionalAction,
                         help="torchtitan: whether the loss runs under loss_parallel()")
-    parser.add_argument("--world-size", type=_positive, help="galvatron: number of devices")
+    parser.add_argument("--world-size", type=positive_int, help="galvatron: number of devices")
     parser.add_argument("--sequence-parallel", action="store_true",
                         help="galvatron: Megatron sequence parallelism was on")
     parser.add_argument("--ops", metavar="OPS.json",
@@ -176,16 +178,6 @@ def _write(output: str | None, text: str) -> int:
 # ---------------------------------------------------------------- argument types
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not positive")
-    return value
-
-
 def _mesh(text: str) -> tuple[tuple[str, int], ...]:
     from trainverify_dsl.importers.common import AXES
 
@@ -197,7 +189,7 @@ def _mesh(text: str) -> tuple[tuple[str, int], ...]:
                 f"'{part}': expected AXIS=N with AXIS one of {', '.join(AXES)}")
         if name.strip() in dict(axes):
             raise argparse.ArgumentTypeError(f"axis {name.strip()} given twice")
-        axes.append((name.strip(), _positive(size.strip())))
+        axes.append((name.strip(), positive_int(size.strip())))
     return tuple(axes)
 
 

@@ -75,6 +75,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_model_root_option(parser)
 
 
+def positive_int(text: str) -> int:
+    """An argument that must be a positive integer (argparse ``type``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
+
+
 def add_color_option(parser: argparse.ArgumentParser) -> None:
     """``--color auto|always|never``, shared by the commands with text output (``use_color``)."""
     parser.add_argument("--color", choices=COLOR_CHOICES, default="auto",

@@ -13,6 +13,23 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--bench", action="store_true",
+                     help="also run the paper-size tests marked `bench` (minutes each)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``bench`` (full-mesh runs of paper-size plans, a minute or more each) are
+    skipped, with the reason, unless ``--bench`` is given; the benchmarks in ``bench/`` run
+    the same plans and record their numbers in ``bench/results/``."""
+    if config.getoption("--bench"):
+        return
+    skip = pytest.mark.skip(reason="paper-size run: pytest --bench (numbers in bench/results/)")
+    for item in items:
+        if "bench" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def float64():
     """torch's default dtype float64 and a fixed seed for one test, restored afterwards.

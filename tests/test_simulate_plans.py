@@ -28,10 +28,10 @@ CORRECT = ["mlp_tiny_dp", "mlp_tiny_zero", "llama_tiny_tp", "llama_tiny_sp",
            pytest.param("gpt2_3d", marks=pytest.mark.slow),
            # the quick-start plan at full mesh (128 ranks, 4 stages, 16 microbatches, TP+SP,
            # vocab-parallel embedding and cross-entropy, ZeRO-1 AdamW), shrunk widths
-           pytest.param("llama3_8b_3d", marks=pytest.mark.slow),
+           pytest.param("llama3_8b_3d", marks=[pytest.mark.slow, pytest.mark.bench]),
            # Llama 3.2 1B with the tied embedding on both stages of pp=2, TP+SP, ZeRO-1 (32
            # ranks, shrunk widths; about 80 s)
-           pytest.param("llama3_2_1b_tied", marks=pytest.mark.slow)]
+           pytest.param("llama3_2_1b_tied", marks=[pytest.mark.slow, pytest.mark.bench])]
 BUGS = sorted(p.stem for p in (ROOT / "plans" / "bugs").glob("*.tvp"))
 #: bug plans only the simulation finds (the full-size layout pass finds the others)
 LAYOUT_BLIND = ("expert_grads_wrong_group",

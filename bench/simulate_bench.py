@@ -28,7 +28,7 @@ LAYOUT_PLANS = ("llama3_8b_dp", "llama3_8b_3d", "llama3_70b", "llama3_405b", "de
                 "deepseek_v3_236b", "deepseek_v3_671b")
 SIM_PLANS = ("mlp_tiny_dp", "llama_tiny_tp", "llama_tiny_sp", "llama_tiny_cp",
              "deepseek_tiny_ep", "deepseek_tiny_pp", "mlp_dp_tp", "gpt2_3d", "llama3_8b_3d",
-             "llama3_8b_dp")
+             "llama3_8b_dp", "llama3_2_1b_tied")
 QUICK_SIM = SIM_PLANS[:8]
 
 LAYOUT_CHILD = """

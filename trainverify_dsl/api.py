@@ -332,9 +332,14 @@ class Programs:
 
 def build_programs(path: str | Path, *, shrink: bool | None = None,
                    allow_model_outside_root: bool = False, stop_on_errors: bool = True,
-                   max_memory: int | None = None, progress: Progress = _quiet) -> Programs:
+                   max_memory: int | None = None, progress: Progress = _quiet,
+                   blocks: bool = False) -> Programs:
     """The layout pass at full size, then the plan's parallel program and the reference step
-    at the shrunk sizes (``simulate_file`` explains the arguments and errors)."""
+    at the shrunk sizes (``simulate_file`` explains the arguments and errors). ``blocks``
+    (``tvp check``): the reference step is traced block by block (one graph per distinct
+    block, every block traced and compared: ``exact_reuse``) and the plan is lowered with
+    every block's boundaries marked (identities), so a value crossing stages between blocks
+    is known by its point and the proof can be cut there (``check/stages.py``)."""
     from trainverify_dsl.shrink import work_refusal
 
     refusal = work_refusal(resolve_plan(path))  # from the plan alone: ranks, microbatches
@@ -359,8 +364,9 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     progress("lowering the plan to its parallel program")
     try:
         # at full size and with no idle axis the plan is the one the layout pass lowered
-        lowered = full_size if full_size is not None and not shrunk and not idle else \
-            lower(setup.plan, setup.fake_model, setup.fake_inputs)
+        marked = _block_modules(setup.fake_model) if blocks else frozenset()
+        lowered = full_size if full_size is not None and not shrunk and not idle and \
+            not marked else lower(setup.plan, setup.fake_model, setup.fake_inputs, marked)
     except LoweringError as error:
         if not shrunk or errors:
             raise
@@ -373,12 +379,24 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
                                         f"findings the full-size plan has not: {message}")
     program = parallel_program(lowered)
     progress("tracing the reference step")
-    spec = trace_training_step(setup.fake_model, setup.input_specs, reference_opt, reuse=False,
+    spec = trace_training_step(setup.fake_model, setup.input_specs, reference_opt,
+                               reuse=blocks, exact_reuse=blocks,
                                points=reference_points(program))
     need = estimate(program, [g.type for g in spec.program.inputs], spec.program)
     if need.bytes > budget:
         raise SimulationSetupError([over_budget(setup.plan, need, budget, shrunk)])
     return Programs(setup, program, spec, reference_opt, findings, idle, need.bytes)
+
+
+def _block_modules(model: Any) -> frozenset[str]:
+    """Every block of the spec's block list (``spec.trace.find_block_list``), or none."""
+    from trainverify_dsl.spec.trace import find_block_list
+
+    found = find_block_list(model)
+    if found is None:
+        return frozenset()
+    path, blocks = found
+    return frozenset(f"{path}.{k}" for k in range(len(blocks)))
 
 
 def _refuse_unshrunk(path: str | Path, budget: int, allow_model_outside_root: bool
@@ -445,7 +463,8 @@ def check_pair(built: Programs, values: dict[str, np.ndarray]) -> Any:
                if is_float(dtype) and name in values}
     return CheckPair(built.spec.program, built.program,
                      recipe(built.program, built.reference_opt), known, inputs,
-                     dict(built.setup.overrides), witness)
+                     dict(built.setup.overrides), witness,
+                     tuple(getattr(built.spec, "boundaries", ())))
 
 
 #: ``tvp check``'s default limit on one plan, in seconds (``--time-limit``)
@@ -475,7 +494,8 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
         # always shrunk: the proof's cost grows with every width (the reduction keeps every
         # split's divisibility; docs/checking.md)
         built = build_programs(path, shrink=True, allow_model_outside_root=allow_model_outside_root,
-                               stop_on_errors=False, max_memory=max_memory, progress=progress)
+                               stop_on_errors=False, max_memory=max_memory, progress=progress,
+                               blocks=True)
         verdict.sizes, verdict.idle_axes = dict(built.setup.overrides), dict(built.idle)
         verdict.diagnostics = list(built.findings)
         model = built.setup.build_real()
@@ -644,13 +664,18 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
             "every routing")
     verdict.elements, verdict.by_normal_form = proof.elements, proof.by_normal_form
     verdict.by_expansion, verdict.by_solver = proof.by_expansion, proof.by_solver
-    verdict.stages_total = verdict.stages_unique = 1
+    verdict.stages_total = verdict.stages_unique = proof.stages
+    if proof.uncut:
+        verdict.notes.append(proof.uncut)
     if proof.status == "proven" and not proof.elements:
         verdict.verdict = INCONCLUSIVE
         verdict.reason = "nothing was compared (no loss, gradient or update to prove)"
     elif proof.status == "proven":
-        verdict.verdict, verdict.stages_proven = VERIFIED, 1
-        verdict.reason = f"{proof.elements:,} elements compared: {proof.by_normal_form:,} " \
+        verdict.verdict, verdict.stages_proven = VERIFIED, proof.stages
+        staged = f" in {proof.stages} stages cut at block boundaries" if proof.stages > 1 \
+            else ""
+        verdict.reason = f"{proof.elements:,} elements compared{staged}: " \
+                         f"{proof.by_normal_form:,} " \
                          f"equal in normal form, {proof.by_expansion:,} by multiplying out, " \
                          f"{proof.by_solver:,} proven by z3" + \
                          (" (proven before: from the proof cache)" if verdict.cached else "")

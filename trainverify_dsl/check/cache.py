@@ -31,9 +31,10 @@ from typing import Any
 import numpy as np
 
 #: the format of an entry; part of the fingerprint
-FORMAT = 1
+FORMAT = 2
 #: the counts of a ``Proof`` an entry keeps
-FIELDS = ("elements", "by_normal_form", "by_expansion", "by_solver", "assumed_orders")
+FIELDS = ("elements", "by_normal_form", "by_expansion", "by_solver", "assumed_orders",
+          "stages")
 
 
 def default_dir() -> Path:

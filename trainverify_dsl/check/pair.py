@@ -19,7 +19,7 @@ import numpy as np
 
 from trainverify_dsl.ir.compare import Recipe
 from trainverify_dsl.ir.parallel import ParallelProgram
-from trainverify_dsl.ir.program import Program
+from trainverify_dsl.ir.program import Boundary, Program
 
 #: the reference step's outputs holding values at marked points start with this
 #: (``spec/marks.py``'s ``POINT``; the checker may not import the spec package)
@@ -43,6 +43,9 @@ class CheckPair:
     #: an ordering of computed values (top-k routing) takes its order (``None``: no
     #: ordering of computed values is decided; such an op is unsupported)
     witness: Mapping[str, np.ndarray] | None = None
+    #: the reference step's block boundaries (``ir.program.Boundary``), where the proof
+    #: may cut (``check/stages.py``); empty when the reference is one flat graph
+    boundaries: tuple[Boundary, ...] = ()
 
     def witness_env(self) -> dict[str, float] | None:
         """The witness by variable name (``name[i,j]``, as ``symbolic.variables`` names)."""

@@ -10,8 +10,10 @@ every other pair of elements is an *obligation*, decided by multiplying both sid
 (``check/expand.py``) or else by z3 (``check/solver.py``). The proof holds when the checks
 found nothing structural (coverage, missing updates, recipe) and every obligation is proven.
 
-One stage today: the whole step, at the pair's (shrunk) sizes. Cutting it at lineages and
-proving each distinct stage once is the next step (issue 9).
+Where the plan sends the hidden state between blocks from one stage to another, the run is
+cut there (``check/stages.py``): both sides read fresh variables after the boundary, and
+the cut's own obligations say each side computed the same boundary value and cotangent. If
+that proof does not hold, the step is proven again as one stage.
 """
 
 from __future__ import annotations
@@ -112,6 +114,10 @@ class Proof:
     term_count: int = 0
     #: orderings of computed values (top-k routing, sorts) taken at the witness
     assumed_orders: int = 0
+    #: the stages the step was proven in (``check/stages.py``): cut boundaries + 1
+    stages: int = 1
+    #: why a proof cut at stage boundaries was not used ("": it was, or there was none)
+    uncut: str = ""
 
 
 def symbolic_inputs(pair: CheckPair) -> dict[str, Any]:
@@ -147,15 +153,61 @@ def prove(pair: CheckPair, timeout_s: float = 60.0,
 
 def _prove(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
            deadline: float | None) -> Proof:
+    """The proof cut at the pair's stage boundaries when it has some and that proof holds;
+    else the whole step as one stage (a cut that does not hold proves nothing either way:
+    ``check/stages.py``)."""
+    cut = _prove_cut(pair, timeout_s, progress, deadline)
+    if cut is not None and cut.status == "proven":
+        return cut
+    proof = _prove_stage(pair, timeout_s, progress, deadline, None)
+    if cut is not None:
+        proof.uncut = f"the proof cut at {cut.stages - 1} stage boundaries did not hold " \
+                      f"({cut.reason}); the step was proven as one stage"
+    return proof
+
+
+def _prove_cut(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
+               deadline: float | None) -> Proof | None:
+    from trainverify_dsl.check.stages import numeric_values, plan_cuts
+
+    if not pair.boundaries:
+        return None
+    drawn = numeric_values(pair.inputs, pair.known, pair.witness)
+    if drawn is None:
+        return None
+    progress("finding the stage boundaries to cut at")
+    cuts, witness = plan_cuts(pair.reference, pair.program, pair.boundaries, drawn)
+    if not cuts:
+        return None
+    proof = _prove_stage(pair, timeout_s, progress, deadline, (cuts, witness))
+    proof.stages = len(cuts) + 1
+    return proof
+
+
+def _prove_stage(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
+                 deadline: float | None, cut: tuple[list[Any], dict[str, Any]] | None
+                 ) -> Proof:
+    from trainverify_dsl.check.stages import SymbolicCuts
+
     t.reset()
     start = time.perf_counter()
-    domain = SymbolicDomain(pair.witness_env())
+    env = pair.witness_env()
+    hooks = None
+    if cut is not None:
+        cuts, witness = cut
+        hooks = SymbolicCuts(cuts, pair.program.sizes, variables)
+        if env is not None:
+            for name, array in witness.items():
+                for index in np.ndindex(*array.shape):
+                    env[f"{name}[{','.join(map(str, index))}]"] = float(array[index])
+    domain = SymbolicDomain(env)
     try:
         values = symbolic_inputs(pair)
         progress("running the reference step on symbols")
-        outputs = evaluate_program(pair.reference, values, domain)
+        outputs = evaluate_program(pair.reference, values, domain,
+                                   replace=hooks.replace if hooks is not None else None)
         progress("running the parallel program on symbols")
-        got = evaluate_parallel(pair.program, values, domain=domain)
+        got = evaluate_parallel(pair.program, values, domain=domain, boundaries=hooks)
     except (Unsupported, t.TooManyTerms) as error:
         t.reset()  # free the terms now
         return Proof("unsupported", str(error), seconds_symbolic=time.perf_counter() - start)
@@ -165,6 +217,10 @@ def _prove(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
     progress("comparing normal forms")
     try:
         checked = run_checks(Pair(pair.program, want, points, got, pair.recipe, exact, domain))
+        if hooks is not None and hooks.compare(exact.equal) < 0:
+            t.reset()
+            return Proof("failed", "a stage cut was never reached by the parallel program",
+                         seconds_symbolic=time.perf_counter() - start)
     except t.TooManyTerms as error:
         t.reset()
         return Proof("unsupported", str(error), seconds_symbolic=time.perf_counter() - start)

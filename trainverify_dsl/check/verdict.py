@@ -83,6 +83,8 @@ class Verdict:
     cached: bool = False
     #: the obligations left unproven (for inconclusive verdicts): ``(where, reason)``
     open: list[tuple[str, str]] = field(default_factory=list)
+    #: how the proof went where that is not the verdict (a stage cut that did not hold)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:

@@ -194,7 +194,7 @@ def plan_document(v: Any) -> dict[str, Any]:
             "stages_unique": v.stages_unique, "stages_proven": v.stages_proven,
             "seconds": round(v.seconds, 3), "cached": v.cached, "elements": v.elements,
             "by_normal_form": v.by_normal_form, "by_expansion": v.by_expansion,
-            "by_solver": v.by_solver,
+            "by_solver": v.by_solver, "notes": v.notes,
             "assumptions": v.assumptions, "sizes": v.sizes, "idle_axes": v.idle_axes,
             "diagnostics": [_diagnostic(d) for d in v.diagnostics],
             "counterexample": _counterexample(v.counterexample),
@@ -272,6 +272,7 @@ def text(v: Any, color: bool = False) -> str:
         lines.append(f"  {paint('not proven:', 'doubt')} {where}: {reason}")
     if len(v.open) > 5:
         lines.append(f"  ... and {len(v.open) - 5} more")
+    lines += [f"  note: {note}" for note in v.notes]
     if v.assumptions and v.verdict in ("verified", "inconclusive"):
         lines.append("  assumptions:")
         lines += [f"    - {a}" for a in v.assumptions]

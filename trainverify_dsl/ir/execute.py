@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from trainverify_dsl.ir.batched import evaluate_spmd_batched
 from trainverify_dsl.ir.interp import NUMERIC, Domain, evaluate_graph, evaluate_spmd
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout, take_local
 from trainverify_dsl.ir.mesh import MeshGroups
-from trainverify_dsl.ir.parallel import ParallelProgram, ParamUpdate, Stage
+from trainverify_dsl.ir.parallel import ParallelProgram, ParamUpdate, Stage, Transfer
 
 #: Seed of the generator for free values (Rule 5.2): a fixed, documented choice, so a run is
 #: reproducible and a free value is the same in the forward and the backward sweep.
@@ -47,10 +47,28 @@ class ParallelOutcome:
     clip_coefs: dict[int, Any] = field(default_factory=dict)
 
 
+class Boundaries(Protocol):
+    """Sees, and may replace, the values crossing stages (the checker's stage cuts,
+    ``check/stages.py``): ``forward`` a received boundary value, ``cotangent`` the summed
+    cotangent a stage's send gets back. Each is called with the transfer, the receiving
+    rank, its coordinates (``@mb`` included) and the value, and returns the value to use;
+    called again for the same arguments, it returns the same value."""
+
+    def forward(self, t: Transfer, rank: int, coords: Mapping[str, int], value: Any) -> Any:
+        ...
+
+    def cotangent(self, t: Transfer, rank: int, coords: Mapping[str, int], value: Any) -> Any:
+        ...
+
+
 class _Run:
     def __init__(self, program: ParallelProgram, values: Mapping[str, np.ndarray],
-                 batched: bool, domain: Domain) -> None:
+                 batched: bool, domain: Domain, boundaries: Boundaries | None = None) -> None:
         self.p, self.values, self.domain = program, values, domain
+        self.boundaries = boundaries
+        #: (source stage, sent id) -> the transfer delivering it (for cotangents)
+        self.sent_by = {(t.source, t.sent): t for t in program.transfers
+                        if t.source is not None}
         if batched and domain is NUMERIC:
             self.spmd: Any = evaluate_spmd_batched
         else:
@@ -149,6 +167,9 @@ class _Run:
             else:  # a cotangent: zero unless a later stage sent one back
                 value = cotangents.get((slot.spec, self.peer(rank)))
                 shape = stage.graph.inputs[len(feed)].type.shape
+                t = self.sent_by.get((stage.index, slot.spec[len("send."):]))
+                if value is not None and t is not None and self.boundaries is not None:
+                    value = self.boundaries.cotangent(t, rank, coords, value)
                 feed[slot.name] = self.domain.fill(shape, 0) if value is None else value
         return feed
 
@@ -162,7 +183,10 @@ class _Run:
     def _received(self, stage: Stage, slot: Any, rank: int, m: int, sends: Mapping) -> Any:
         t = self.transfers[(stage.index, slot.spec)]
         if t.source is not None:
-            return sends[(t.sent, self.peer(rank))]
+            value = sends[(t.sent, self.peer(rank))]
+            if self.boundaries is not None:
+                value = self.boundaries.forward(t, rank, self.coords(rank, m), value)
+            return value
         key = (stage.index, slot.spec, rank, m)
         if key not in self.free_values:
             shape = slot.layout.local_shape(self.sizes)
@@ -366,11 +390,13 @@ def _block_of(grad: np.ndarray, layout: TLayout, block: TLayout, coords: Mapping
 
 def evaluate_parallel(program: ParallelProgram, values: Mapping[str, np.ndarray],
                       step: bool = True, batched: bool = True,
-                      domain: Domain = NUMERIC) -> ParallelOutcome:
+                      domain: Domain = NUMERIC, boundaries: Boundaries | None = None
+                      ) -> ParallelOutcome:
     """The plan's training step on the global input ``values`` (by spec name); with
     ``step=False`` only the microbatch loop (local losses, accumulated gradients before the
     gradient statements). ``batched``: every stage graph runs rank-batched
     (``ir/batched.py``); ``False`` runs it rank by rank (``evaluate_spmd``, the reference).
     ``domain``: the values' domain (a non-numeric one always runs rank by rank); a domain with
-    a ``free(shape, key)`` method supplies free values (Rule 5.2) itself."""
-    return _Run(program, values, batched, domain).run(step)
+    a ``free(shape, key)`` method supplies free values (Rule 5.2) itself. ``boundaries``:
+    sees and may replace the values crossing stages (``Boundaries``)."""
+    return _Run(program, values, batched, domain, boundaries).run(step)

@@ -104,13 +104,15 @@ class Stage:
 class Transfer:
     """Stage ``dest`` reads its boundary input ``value`` from stage ``source``'s output
     ``sent`` (the same id, unless an explicit ``send`` reroutes it); ``source is None``: a
-    free value (whatever the receive buffer held, Rule 5.2)."""
+    free value (whatever the receive buffer held, Rule 5.2). ``point``: the marked point the
+    value is (``layers.3.out``), when the lowering marked one there."""
 
     dest: int
     value: str
     source: int | None
     sent: str | None
     origin: Source = NO_SOURCE
+    point: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -541,7 +543,9 @@ def format_parallel(program: ParallelProgram, graphs: bool = True) -> str:
             lines.append(format_graph(stage.graph, f"stage{stage.index}").rstrip("\n"))
     for t in program.transfers:
         source = "free value" if t.source is None else f"stage {t.source} send.{t.sent}"
-        lines.append(f"transfer stage {t.dest} recv.{t.value} <- {source}{_where(t.origin)}")
+        point = f" ({t.point})" if t.point is not None else ""
+        lines.append(f"transfer stage {t.dest} recv.{t.value}{point} <- {source}"
+                     f"{_where(t.origin)}")
     for s in program.grad_syncs:
         after = "" if s.after == 0 else " after=each" if s.after < 0 else f" after={s.after}"
         lines.append(f"sync {s.kind} over {','.join(s.axes)} op={s.op} dim={s.dim}{after}: "

@@ -13,8 +13,9 @@ program input or an earlier result; results and outputs name defined tensors, on
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,18 @@ class Call:
     #: Module-path prefix for origins of the called nodes (``layers.3``), or ``""``.
     prefix: str = ""
     label: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """A value of a program where the data flow narrows to one tensor (the hidden state
+    between two blocks), named by the marked points that denote it (``layers.2.out``,
+    ``layers.3.in``): ``value`` is the program tensor holding it, ``cotangent`` the one
+    holding the loss's gradient with respect to it. The checker cuts a proof there."""
+
+    points: tuple[str, ...]
+    value: str
+    cotangent: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +113,12 @@ def program_problems(program: Program) -> list[str]:
 
 
 def evaluate_program(program: Program, inputs: Mapping[str, object],
-                     domain: Domain = NUMERIC) -> dict[str, np.ndarray]:
+                     domain: Domain = NUMERIC,
+                     replace: Callable[[str, Any], Any] | None = None
+                     ) -> dict[str, np.ndarray]:
     """Run every call in order on named input arrays (values of ``domain``, numeric by
-    default); returns the named outputs."""
+    default); returns the named outputs. ``replace(name, value)``, when given, sees every
+    call result and returns the value later calls read (the checker's stage cuts)."""
     env: dict[str, np.ndarray] = {g.name: domain.bind(inputs[g.name], g.type)
                                   for g in program.inputs}
     table = dict(program.graphs)
@@ -111,7 +127,7 @@ def evaluate_program(program: Program, inputs: Mapping[str, object],
         bound = {g.name: env[arg] for g, arg in zip(graph.inputs, call.args, strict=True)}
         outputs = evaluate_graph(graph, bound, domain)
         for result, (name, _) in zip(call.results, graph.outputs, strict=True):
-            env[result] = outputs[name]
+            env[result] = outputs[name] if replace is None else replace(result, outputs[name])
     return {out: env[tensor] for out, tensor in program.outputs}
 
 

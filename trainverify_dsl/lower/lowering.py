@@ -49,6 +49,7 @@ from trainverify_dsl.report import codes_lower, codes_plan
 from trainverify_dsl.report.diagnostics import Code
 from trainverify_dsl.report.span import Span
 from trainverify_dsl.spec.convert import packet_name
+from trainverify_dsl.spec.marks import module_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,8 @@ class Lowered:
     routes: dict[tuple[int, str], str | None] = field(default_factory=dict)
     #: ``loss-reduction token-mean``: the data axes whose token counts are summed
     loss_count_axes: tuple[str, ...] = ()
+    #: the name of each mark node -> its marked point (``layers.0.out``)
+    points: dict[str, str] = field(default_factory=dict)
 
     @property
     def mesh_axes(self) -> tuple[tuple[str, int], ...]:
@@ -571,8 +574,11 @@ class _Lowering:
             for axis in statement.axes:  # it changes the value's layout over these axes
                 causes[axis] = ((self.order, 1), statement.origin)
         self.lineages[point] = lay
+        # a point only the checker marked (a block boundary) is not observed: the plan says
+        # nothing there, and the proof compares the value where it cuts (check/stages.py)
         if value.op != "placeholder" and isinstance(value.meta.get("val"), torch.Tensor) and \
-                value.meta["val"].is_floating_point():
+                value.meta["val"].is_floating_point() and \
+                module_of(point) in self.binding.marked_modules():
             self.observed.setdefault(self.stage, {}).setdefault(point, value)
         for claim in self.binding.claims_at(point):
             problem = claim_problem(claim, lay, self.sizes)
@@ -751,10 +757,13 @@ def input_sizes(plan: Plan) -> dict[str, int]:
     return sizes
 
 
-def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> Lowered:
+def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor],
+          marked: frozenset[str] = frozenset()) -> Lowered:
     """The local forward program of every stage. ``model`` and ``inputs`` are fake (global
     shapes). Raises ``LoweringError`` (with a plan span) when the plan cannot be lowered;
-    softer problems are ``Lowered.findings``."""
+    softer problems are ``Lowered.findings``. ``marked``: modules whose boundaries are
+    marked besides those the plan names (identities with no collective; the checker marks
+    every block of the spec so that a value crossing stages there is known by its point)."""
     if plan.mesh is None:
         raise LoweringError(Finding(codes_lower.UNBOUND_NAME, "the plan has no mesh", None, ""))
     plan = resolve_indices(plan, model)  # layers[-1] is the last layer
@@ -762,7 +771,7 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> L
     binding = bind_plan(plan, model, {k: tuple(v.shape) for k, v in inputs.items()}, sizes)
     if binding.errors:
         raise LoweringError(*binding.errors)
-    captured = capture_forward(model, inputs, binding.marked_modules())
+    captured = capture_forward(model, inputs, binding.marked_modules() | set(marked))
     lowering = _Lowering(plan, model, binding, captured, sizes)
     lowering.run()
     stages = []
@@ -780,8 +789,9 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> L
     backward = _backward_findings(lowering)  # may add a note to a forward finding
     findings = merge_repeats(binding.warnings + lowering.findings + backward)
     counted = lowering.loss_count[1] if lowering.loss_count is not None else ()
+    points = {node.name: point for point, node in sorted(lowering.marks.items())}
     return Lowered(plan, binding, sizes, stages, lowering.lineages, findings,
-                   routes, counted)
+                   routes, counted, points)
 
 
 def _pipeline_copies(lowering: _Lowering) -> dict[str, tuple[int, Span | None]]:

@@ -127,7 +127,8 @@ def _transfers(lowered: Lowered) -> tuple[Transfer, ...]:
             sent = lowered.routes.get((st.index, slot.spec), slot.spec)
             origin = _span_source(sends.get(st.index)) if explicit else Source(None)
             source = home.get(sent) if sent is not None else None
-            out.append(Transfer(st.index, slot.spec, source, sent, origin))
+            out.append(Transfer(st.index, slot.spec, source, sent, origin,
+                                lowered.points.get(slot.spec)))
     return tuple(out)
 
 
@@ -254,8 +255,11 @@ def _lineages(lowered: Lowered) -> tuple[Lineage, ...]:
     the point, else the algorithm computing the module's output, else none."""
     computed_by = {f"{path}.out": alg.origin for alg, paths in lowered.binding.algorithms
                    for path in paths if path != "loss"}
+    named = lowered.binding.marked_modules()  # not the boundaries only the checker marked
     out = []
     for point, lay in lowered.lineages.items():
+        if point != "loss" and point.rsplit(".", 1)[0] not in named:
+            continue
         statements = lowered.binding.collectives_at(point)
         origin = source_of(statements[-1].origin) if statements else \
             source_of(computed_by[point]) if point in computed_by else Source(None)

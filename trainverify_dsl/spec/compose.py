@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trainverify_dsl.ir.graph import Graph, GraphInput
-from trainverify_dsl.ir.program import Call, Program
+from trainverify_dsl.ir.program import Boundary, Call, Program
 from trainverify_dsl.spec.marks import POINT
 
 
@@ -47,6 +47,20 @@ def step_call(name: str, graph: Graph, scope: str, rename: Mapping[str, str],
     args = tuple(program_name(g.name) for g in graph.inputs)
     results = tuple(program_name(n) for n in graph.output_names)
     return Call(name, args, results, prefix, label or name)
+
+
+def block_boundaries(list_path: str, n_blocks: int) -> tuple[Boundary, ...]:
+    """The hidden state before each block and after the last, in the names ``compose``
+    gives them: the value is the prefix's ``block_in.0`` or a block's ``out``, its cotangent
+    the next block's ``grad(in)`` or the head's ``grad(block_out)``."""
+    out = []
+    for k in range(n_blocks + 1):
+        points = ((f"{list_path}.{k - 1}.out",) if k > 0 else ()) + \
+            ((f"{list_path}.{k}.in",) if k < n_blocks else ())
+        value = "outer/block_in.0" if k == 0 else f"{list_path}.{k - 1}/out"
+        cotangent = f"{list_path}.{k}/grad(in)" if k < n_blocks else "outer/grad(block_out)"
+        out.append(Boundary(points, value, cotangent))
+    return tuple(out)
 
 
 def _layer_rename(graph: Graph, layer: str, scope: str) -> dict[str, str]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainverify_dsl.ir.graph import Graph, GraphInput
-from trainverify_dsl.ir.program import Program, evaluate_program, inline
+from trainverify_dsl.ir.program import Boundary, Program, evaluate_program, inline
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,8 @@ class SpecProgram:
     groups: tuple[BlockGroup, ...] = ()
     trace_seconds: float = 0.0
     notes: tuple[str, ...] = field(default=())
+    #: the hidden state at each block boundary and its cotangent (empty when flat)
+    boundaries: tuple[Boundary, ...] = ()
 
     @property
     def params(self) -> tuple[GraphInput, ...]:

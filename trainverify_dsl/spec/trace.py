@@ -44,7 +44,7 @@ from trainverify_dsl.ir.split import split_phases
 from trainverify_dsl.ir.types import TensorType
 from trainverify_dsl.report import codes_spec as codes
 from trainverify_dsl.report.span import Span
-from trainverify_dsl.spec.compose import Pieces, compose, step_call
+from trainverify_dsl.spec.compose import Pieces, block_boundaries, compose, step_call
 from trainverify_dsl.spec.convert import DTYPES
 from trainverify_dsl.spec.cut import ANCHOR, BlockStub
 from trainverify_dsl.spec.errors import SpecError, fail, fail_at, spec_span
@@ -523,7 +523,7 @@ def trace_training_step(model: nn.Module, input_specs: InputSpecs, optimizer: An
     if problems:
         raise fail(codes.IR_INVALID, problems[0], notes=tuple(problems[1:6]))
     elapsed = time.perf_counter() - start
-    return SpecProgram(spec.program, spec.block_list, spec.groups, elapsed, spec.notes)
+    return dataclasses.replace(spec, trace_seconds=elapsed)
 
 
 def _trace_in_mode(model: nn.Module, specs: InputSpecs, reuse: bool,
@@ -549,7 +549,9 @@ def _trace_in_mode(model: nn.Module, specs: InputSpecs, reuse: bool,
             groups = tuple(BlockGroup(name, tuple(i for i, g in enumerate(pieces.layer_graph)
                                                   if g == name)) for name in pieces.blocks)
             program = compose(pieces, program_inputs, outputs)
-            return SpecProgram(program, pieces.list_path, groups, 0.0, tuple(notes))
+            boundaries = block_boundaries(pieces.list_path, len(pieces.layer_graph))
+            return SpecProgram(program, pieces.list_path, groups, 0.0, tuple(notes),
+                               boundaries)
     program = _flat_program(model, inputs, data_names, program_inputs, outputs, marked)
     return SpecProgram(program, "", (), 0.0, tuple(notes))
 

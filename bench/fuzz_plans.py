@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 WORDS = (
-    "plan spec mesh microbatches loss-scale loss-reduction use split replicate partial all-reduce all-gather "
+    "plan spec mesh microbatches loss-scale loss-reduction use split replicate partial "
+    "all-reduce all-gather "
     "reduce-scatter all-to-all copy scatter send pipeline-stage optimizer spec-optimizer "
     "clip-grad-norm on algorithm template apply for in over from to backward schedule shard grad "
     "params loss dp tp pp cp ep sp mp layers l x tokens labels op=sum op=avg op=max dim=0 dim=1 "

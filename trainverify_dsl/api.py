@@ -632,6 +632,7 @@ def _counterexample(result: SimulationResult, seed: int) -> Any:
 def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
            deadline: float | None = None, cache: Path | None = None) -> None:
     from trainverify_dsl.check import cache as proofs
+    from trainverify_dsl.check import reduce
     from trainverify_dsl.check.prove import Proof, prove
     from trainverify_dsl.check.verdict import (
         BASE_ASSUMPTIONS,
@@ -639,8 +640,6 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
         INCONCLUSIVE,
         VERIFIED,
     )
-
-    from trainverify_dsl.check import reduce
 
     unreduced = reduce.problem(pair)
     if unreduced is not None:

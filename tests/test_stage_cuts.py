@@ -9,7 +9,8 @@ state between blocks.
   verdict proven in stages (``stages_total`` = cuts + 1), in the API and in the JSON.
 - A cut that does not hold proves nothing: with a wrong cotangent ratio the cut proof is not
   ``proven``, and the verdict comes from the uncut proof, with a note saying so.
-- A plan without pipeline stages is one stage, as before.
+- A plan without pipeline stages is split at every block for the checker (one stage per
+  block on the same ranks); a model without a block list is one stage.
 """
 
 from __future__ import annotations
@@ -152,7 +153,33 @@ def test_a_cut_that_does_not_hold_proves_nothing(interleaved, monkeypatch) -> No
     assert "did not hold" in proof.uncut
 
 
-def test_a_plan_without_pipeline_stages_is_one_stage() -> None:
+def test_a_model_without_blocks_is_one_stage() -> None:
     verdict = api.check_file(ROOT / "plans" / "mlp_tiny_dp.tvp", cache=False)
     assert verdict.verdict == VERIFIED
     assert verdict.stages_total == verdict.stages_proven == 1
+
+
+def test_a_plan_without_pipeline_stages_is_split_at_every_block() -> None:
+    """llama_tiny_tp (dp x tp, no pipeline): for the checker each of its two blocks is a
+    stage of its own on every rank, the hidden state passed within the rank; the split
+    program computes what the plan's does (test above), and the verdict says what was
+    proven."""
+    built = api.build_programs(ROOT / "plans" / "llama_tiny_tp.tvp", shrink=True, blocks=True)
+    assert built.segmented and len(built.program.stages) == 2
+    assert [(t.source, t.dest, t.point) for t in built.program.transfers] == \
+        [(0, 1, "layers.0.out")]
+    plain = api.build_programs(ROOT / "plans" / "llama_tiny_tp.tvp", shrink=True, blocks=True,
+                               segment=False)
+    assert not plain.segmented and len(plain.program.stages) == 1
+    verdict = api.check_file(ROOT / "plans" / "llama_tiny_tp.tvp", cache=False)
+    assert verdict.verdict == VERIFIED, verdict.reason
+    assert verdict.stages_total == verdict.stages_proven == 2
+    assert any(a.startswith("stages: the program proven is the plan's with each stage split")
+               for a in verdict.assumptions)
+
+
+def test_plans_whose_stages_are_their_own_are_not_split() -> None:
+    """Virtual stages (interleaved 1F1B) and explicit sends name the plan's stages: those
+    plans keep them (and are cut only where they send between them)."""
+    built = api.build_programs(PIPELINE, shrink=True, blocks=True)
+    assert not built.segmented and len(built.program.stages) == 4

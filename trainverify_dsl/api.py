@@ -328,18 +328,22 @@ class Programs:
     findings: list[Diagnostic]
     idle: dict[str, int]
     estimated_bytes: int
+    #: the plan's stages were split at every block (``build_programs(blocks=True)``)
+    segmented: bool = False
 
 
 def build_programs(path: str | Path, *, shrink: bool | None = None,
                    allow_model_outside_root: bool = False, stop_on_errors: bool = True,
                    max_memory: int | None = None, progress: Progress = _quiet,
-                   blocks: bool = False) -> Programs:
+                   blocks: bool = False, segment: bool = True) -> Programs:
     """The layout pass at full size, then the plan's parallel program and the reference step
     at the shrunk sizes (``simulate_file`` explains the arguments and errors). ``blocks``
     (``tvp check``): the reference step is traced block by block (one graph per distinct
     block, every block traced and compared: ``exact_reuse``) and the plan is lowered with
     every block's boundaries marked (identities), so a value crossing stages between blocks
-    is known by its point and the proof can be cut there (``check/stages.py``)."""
+    is known by its point and the proof can be cut there (``check/stages.py``); with
+    ``segment`` each stage is also split into one stage per block, on the same ranks
+    (``lower.bind.segment_stages``), where the plan allows it."""
     from trainverify_dsl.shrink import work_refusal
 
     refusal = work_refusal(resolve_plan(path))  # from the plan alone: ranks, microbatches
@@ -364,9 +368,20 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     progress("lowering the plan to its parallel program")
     try:
         # at full size and with no idle axis the plan is the one the layout pass lowered
-        marked = _block_modules(setup.fake_model) if blocks else frozenset()
-        lowered = full_size if full_size is not None and not shrunk and not idle and \
-            not marked else lower(setup.plan, setup.fake_model, setup.fake_inputs, marked)
+        marked, block_list = _block_modules(setup.fake_model) if blocks else (frozenset(), None)
+        lowered = None
+        if block_list is not None and segment:  # every block a stage of its own
+            try:
+                lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs, marked,
+                                block_list)
+            except LoweringError:
+                lowered = None
+            if lowered is not None and (not lowered.binding.segmented or
+                                        len(lowered.findings) > len(findings)):
+                lowered = None
+        if lowered is None:
+            lowered = full_size if full_size is not None and not shrunk and not idle and \
+                not marked else lower(setup.plan, setup.fake_model, setup.fake_inputs, marked)
     except LoweringError as error:
         if not shrunk or errors:
             raise
@@ -385,18 +400,20 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     need = estimate(program, [g.type for g in spec.program.inputs], spec.program)
     if need.bytes > budget:
         raise SimulationSetupError([over_budget(setup.plan, need, budget, shrunk)])
-    return Programs(setup, program, spec, reference_opt, findings, idle, need.bytes)
+    return Programs(setup, program, spec, reference_opt, findings, idle, need.bytes,
+                    lowered.binding.segmented)
 
 
-def _block_modules(model: Any) -> frozenset[str]:
-    """Every block of the spec's block list (``spec.trace.find_block_list``), or none."""
+def _block_modules(model: Any) -> tuple[frozenset[str], str | None]:
+    """Every block of the spec's block list (``spec.trace.find_block_list``) and the list's
+    path, or none."""
     from trainverify_dsl.spec.trace import find_block_list
 
     found = find_block_list(model)
     if found is None:
-        return frozenset()
+        return frozenset(), None
     path, blocks = found
-    return frozenset(f"{path}.{k}" for k in range(len(blocks)))
+    return frozenset(f"{path}.{k}" for k in range(len(blocks))), path
 
 
 def _refuse_unshrunk(path: str | Path, budget: int, allow_model_outside_root: bool
@@ -503,6 +520,15 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
         values = step_values(built.program, built.spec, model, seed)
         result = simulate_programs(built.program, built.spec, built.reference_opt, model,
                                    seed, progress, values)
+        if not result.agrees and built.segmented:
+            # a difference is reported on the plan's own stages, never on the split ones
+            built = build_programs(path, shrink=True,
+                                   allow_model_outside_root=allow_model_outside_root,
+                                   stop_on_errors=False, max_memory=max_memory,
+                                   progress=progress, blocks=True, segment=False)
+            values = step_values(built.program, built.spec, model, seed)
+            result = simulate_programs(built.program, built.spec, built.reference_opt, model,
+                                       seed, progress, values)
     except SimulationSetupError as error:
         verdict.diagnostics = list(error.diagnostics)
         verdict.reason = str(error) if not error.diagnostics else "the plan has errors"
@@ -536,6 +562,12 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
 
                 folder = Path(cache_dir) if cache_dir is not None else default_dir()
             _prove(verdict, check_pair(built, values), timeout, progress, deadline, folder)
+            if built.segmented and verdict.stages_total > 1:
+                verdict.assumptions.append(
+                    "stages: the program proven is the plan's with each stage split into one "
+                    "stage per block (the same ops on the same ranks, the hidden state passed "
+                    "within each rank; lower/bind.py segment_stages); the numeric pre-check "
+                    "ran that program")
     verdict.seconds = time.perf_counter() - start
     return verdict
 

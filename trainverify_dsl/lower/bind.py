@@ -69,6 +69,8 @@ class Binding:
     stage_members: list[tuple[TensorPattern, ...]] = field(default_factory=list)
     #: per stage index: ``(pp rank, chunk)``; ``chunk`` is 0 unless the stages are virtual
     stage_places: list[tuple[int, int]] = field(default_factory=list)
+    #: the stages were split at every block for the checker (``segment_stages``)
+    segmented: bool = False
     #: the model's modules in ``named_modules`` order
     module_order: tuple[str, ...] = ()
     param_layouts: dict[str, Layout] = field(default_factory=dict)
@@ -635,9 +637,77 @@ def resolve_indices(plan: Plan, model: nn.Module) -> Plan:
 
 
 def bind_plan(plan: Plan, model: nn.Module, data: Mapping[str, tuple[int, ...]],
-              sizes: Mapping[str, int]) -> Binding:
-    """Resolve every name of ``plan`` against ``model`` and its input shapes."""
-    return _Binder(plan, model, data, sizes).run()
+              sizes: Mapping[str, int], blocks: str | None = None) -> Binding:
+    """Resolve every name of ``plan`` against ``model`` and its input shapes. ``blocks``:
+    the checker's block list (``layers``); each stage is split into one stage per block
+    (``segment_stages``)."""
+    binding = _Binder(plan, model, data, sizes).run()
+    if blocks is not None and not binding.errors:
+        segment_stages(binding, blocks)
+    return binding
+
+
+def _pattern(path: str) -> TensorPattern:
+    return TensorPattern(tuple(IndexSeg(int(part)) if part.isdigit() else NameSeg(part)
+                               for part in path.split(".")))
+
+
+def segment_stages(b: Binding, blocks: str) -> bool:
+    """Split every stage into one stage per block of the list ``blocks``, all on the stage's
+    ranks (virtual stages of its pp rank): what the checker cuts its proof at
+    (``check/stages.py``); the values and the ranks that compute them are the plan's. A
+    module before the stage's first block goes with it, one after its last with that one.
+    Left as it is (``False``) when the plan routes values with explicit ``send``s (they
+    name the plan's stages), already has virtual stages, or a stage's blocks are not one
+    run of consecutive blocks."""
+    if b.plan.sends or b.virtual:
+        return False
+    n = sum(1 for m in b.modules if m.startswith(f"{blocks}.") and m[len(blocks) + 1:].isdigit())
+    if n < 2:
+        return False
+    order = {m: i for i, m in enumerate(b.module_order)}
+    first = order.get(f"{blocks}.0")
+    if first is None:
+        return False
+    members = list(b.stage_members)
+    places = [place for place, _ in b.stage_places]
+    if not members:  # one stage: every module beside the block list, and the loss
+        ancestors = {blocks.rsplit(".", k)[0] for k in range(1, blocks.count(".") + 1)}
+        beside = [m for m in b.module_order if m and m not in ancestors and m != blocks
+                  and not m.startswith(f"{blocks}.") and m.rpartition(".")[0] in
+                  ancestors | {""}]
+        members = [tuple(_pattern(m) for m in beside) + (_pattern(blocks), _pattern("loss"))]
+        places = [0]
+    new_members: list[tuple[TensorPattern, ...]] = []
+    new_places: list[tuple[int, int]] = []
+    chunks: dict[int, int] = {}
+    for stage, place in zip(members, places, strict=True):
+        owned = sorted(k for k in range(n)
+                       if any(p.matches(f"{blocks}.{k}", prefix=True) for p in stage))
+        if not owned or owned != list(range(owned[0], owned[-1] + 1)):
+            if owned:
+                return False
+            parts = [stage]
+        else:
+            parts = [(_pattern(f"{blocks}.{k}"),) for k in owned]
+            for p in stage:
+                if any(p.matches(f"{blocks}.{k}", prefix=True) for k in owned):
+                    continue
+                where = [order[m] for m in b.module_order
+                         if m and str(p) != "loss" and p.matches(m, prefix=True)]
+                if any(b.module_order[i].startswith(f"{blocks}.") for i in where):
+                    return False  # a part of a block on this stage: the plan's own cut
+                at = 0 if where and min(where) < first else len(parts) - 1
+                parts[at] = parts[at] + (p,)
+        for part in parts:
+            new_members.append(part)
+            new_places.append((place, chunks.get(place, 0)))
+            chunks[place] = chunks.get(place, 0) + 1
+    if len(new_members) == len(members):
+        return False
+    b.stage_members, b.stage_places = new_members, new_places
+    b.segmented = True
+    return True
 
 
 __all__ = ["Binding", "Claim", "bind_plan", "list_lengths", "resolve_indices"]

@@ -758,17 +758,20 @@ def input_sizes(plan: Plan) -> dict[str, int]:
 
 
 def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor],
-          marked: frozenset[str] = frozenset()) -> Lowered:
+          marked: frozenset[str] = frozenset(), blocks: str | None = None) -> Lowered:
     """The local forward program of every stage. ``model`` and ``inputs`` are fake (global
     shapes). Raises ``LoweringError`` (with a plan span) when the plan cannot be lowered;
     softer problems are ``Lowered.findings``. ``marked``: modules whose boundaries are
     marked besides those the plan names (identities with no collective; the checker marks
-    every block of the spec so that a value crossing stages there is known by its point)."""
+    every block of the spec so that a value crossing stages there is known by its point).
+    ``blocks``: the block list whose blocks each become a stage of their own, on the ranks
+    of the plan's stage that holds them (``bind.segment_stages``; the checker's cuts)."""
     if plan.mesh is None:
         raise LoweringError(Finding(codes_lower.UNBOUND_NAME, "the plan has no mesh", None, ""))
     plan = resolve_indices(plan, model)  # layers[-1] is the last layer
     sizes = input_sizes(plan)
-    binding = bind_plan(plan, model, {k: tuple(v.shape) for k, v in inputs.items()}, sizes)
+    binding = bind_plan(plan, model, {k: tuple(v.shape) for k, v in inputs.items()}, sizes,
+                        blocks)
     if binding.errors:
         raise LoweringError(*binding.errors)
     captured = capture_forward(model, inputs, binding.marked_modules() | set(marked))

@@ -155,9 +155,11 @@ def _prove(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
            deadline: float | None) -> Proof:
     """The proof cut at the pair's stage boundaries when it has some and that proof holds;
     else the whole step as one stage (a cut that does not hold proves nothing either way:
-    ``check/stages.py``)."""
+    ``check/stages.py``), unless the cut run could not run at all (an op without an exact
+    meaning, too many terms), which the uncut run could not either."""
     cut = _prove_cut(pair, timeout_s, progress, deadline)
-    if cut is not None and cut.status == "proven":
+    # an op without an encoding, or a step too large on symbols, is as much so uncut
+    if cut is not None and cut.status in ("proven", "unsupported"):
         return cut
     proof = _prove_stage(pair, timeout_s, progress, deadline, None)
     if cut is not None:

@@ -29,7 +29,8 @@ import json, resource, sys, time, warnings
 warnings.filterwarnings("ignore")
 from trainverify_dsl.api import check_file
 start = time.perf_counter()
-v = check_file(sys.argv[1], timeout=float(sys.argv[2]), time_limit=float(sys.argv[3]))
+v = check_file(sys.argv[1], timeout=float(sys.argv[2]), time_limit=float(sys.argv[3]),
+               cache=False)
 print(json.dumps({"verdict": v.verdict, "seconds": time.perf_counter() - start,
                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "elements": v.elements, "normal_form": v.by_normal_form,

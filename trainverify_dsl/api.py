@@ -501,7 +501,13 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
     ``cache_dir`` (``None``: its default folder)."""
     import time
 
-    from trainverify_dsl.check.verdict import COUNTEREXAMPLE, ERROR, Verdict
+    from trainverify_dsl.check.verdict import (
+        COUNTEREXAMPLE,
+        ERROR,
+        INCONCLUSIVE,
+        VERIFIED,
+        Verdict,
+    )
     from trainverify_dsl.simulate.torch_step import ReferenceDisagrees
     from trainverify_dsl.spec.errors import SpecError
 
@@ -562,7 +568,7 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
 
                 folder = Path(cache_dir) if cache_dir is not None else default_dir()
             _prove(verdict, check_pair(built, values), timeout, progress, deadline, folder)
-            if built.segmented and verdict.stages_total > 1:
+            if built.segmented and verdict.verdict in (VERIFIED, INCONCLUSIVE):
                 verdict.assumptions.append(
                     "stages: the program proven is the plan's with each stage split into one "
                     "stage per block (the same ops on the same ranks, the hidden state passed "

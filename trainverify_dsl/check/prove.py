@@ -161,10 +161,11 @@ def _prove(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
     # an op without an encoding, or a step too large on symbols, is as much so uncut
     if cut is not None and cut.status in ("proven", "unsupported"):
         return cut
+    note = "" if cut is None else f"the proof cut at {cut.stages - 1} stage boundaries did " \
+        f"not hold ({cut.reason}); the step was proven as one stage"
+    del cut  # its obligations hold terms of the cut run: free them before the uncut run
     proof = _prove_stage(pair, timeout_s, progress, deadline, None)
-    if cut is not None:
-        proof.uncut = f"the proof cut at {cut.stages - 1} stage boundaries did not hold " \
-                      f"({cut.reason}); the step was proven as one stage"
+    proof.uncut = note
     return proof
 
 

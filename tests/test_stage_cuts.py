@@ -183,3 +183,21 @@ def test_plans_whose_stages_are_their_own_are_not_split() -> None:
     plans keep them (and are cut only where they send between them)."""
     built = api.build_programs(PIPELINE, shrink=True, blocks=True)
     assert not built.segmented and len(built.program.stages) == 4
+
+
+def test_a_difference_is_reported_on_the_plans_own_stages(monkeypatch) -> None:
+    """A bug plan the numeric pre-check refutes on the split program is evaluated again
+    unsplit, and its counterexample comes from that run (the plan's own stages)."""
+    calls: list[tuple[bool, bool]] = []
+    real = api.build_programs
+
+    def spy(*args, **kwargs):
+        built = real(*args, **kwargs)
+        calls.append((kwargs.get("segment", True), built.segmented))
+        return built
+
+    monkeypatch.setattr(api, "build_programs", spy)
+    verdict = api.check_file(ROOT / "plans" / "bugs" / "missing_allreduce.tvp", cache=False)
+    assert verdict.verdict == "counterexample"
+    assert calls == [(True, True), (False, False)]
+    assert verdict.counterexample is not None

@@ -63,6 +63,8 @@ def _reduce(kind: str) -> LayoutRule:
         partial_axes = set(lay.partial[1]) if lay.partial else set()
         sharded = lay.shard_axes()
         for a in axes:
+            if sizes.get(a) == 1:
+                continue  # one copy, one slice: the reduction is the identity
             if a in sharded:
                 problems.append(f"the tensor is split over {a}: the "
                                 "reduction adds pieces of different slices")

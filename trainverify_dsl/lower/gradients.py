@@ -150,7 +150,8 @@ class GradientTracker:
             mine = cot.get(item.out, {})
             if isinstance(item, _Collective):
                 summed = set(item.sums)
-                if summed and not summed & set(mine):
+                # over axes of size 1 the sum is the identity, never a finding
+                if self._real(summed) and not summed & set(mine):
                     self.findings.append(Finding(
                         codes_lower.COLLECTIVE_MISMATCH, f"the backward of `{item.statement.kind} "
                         f"{item.statement.target}` sums a gradient that is already complete "
@@ -247,6 +248,8 @@ class GradientTracker:
             for axis in axes:
                 if axis == PIPELINE_AXIS:
                     continue  # only tied parameters get here (the lowering checked)
+                if self.sizes.get(axis) == 1:
+                    continue  # one copy, one slice: the reduction is the identity
                 if axis in self.split.get(param, set()):
                     self._group(codes_lower.COLLECTIVE_MISMATCH, st.origin, "the gradients of "
                                 f"{{params}} are split over {axis}: reducing them adds the "

@@ -217,8 +217,10 @@ class SymbolicCuts:
         self.by_transfer = {(t.dest, t.value): c for c in cuts for t in c.transfers}
         self.fresh: dict[str, np.ndarray] = {}
         self.ref: dict[str, Any] = {}
-        #: (kind, point, rank, microbatch) -> (coords, the plan's computed value)
-        self.plan: dict[tuple[str, str, int, int], tuple[dict[str, int], Any]] = {}
+        #: (kind, point, stage, transfer id, rank, microbatch) -> (coords, the plan's
+        #: computed value): one entry for every value replaced, so every replacement has
+        #: its obligation (the stage that receives it, or that sent it for a cotangent)
+        self.plan: dict[tuple[str, str, int, str, int, int], tuple[dict[str, int], Any]] = {}
 
     def replace(self, name: str, value: Any) -> Any:
         cut = self.by_value.get(name)
@@ -241,8 +243,8 @@ class SymbolicCuts:
         fresh = self.fresh.get(_value_name(cut.boundary)) if cut is not None else None
         if cut is None or fresh is None:
             return value
-        self.plan.setdefault(("forward", cut.point, rank, coords[MICROBATCH_AXIS]),
-                             (dict(coords), value))
+        self.plan.setdefault(("forward", cut.point, t.dest, t.value, rank,
+                              coords[MICROBATCH_AXIS]), (dict(coords), value))
         return take_local(fresh, cut.layout, coords, self.sizes)
 
     def cotangent(self, t: Transfer, rank: int, coords: Mapping[str, int], value: Any) -> Any:
@@ -252,8 +254,9 @@ class SymbolicCuts:
         fresh = self.fresh.get(_cot_name(cut.boundary))
         if fresh is None:
             return value
-        self.plan.setdefault(("cotangent", cut.point, rank, coords[MICROBATCH_AXIS]),
-                             (dict(coords), value))
+        assert t.source is not None
+        self.plan.setdefault(("cotangent", cut.point, t.source, str(t.sent), rank,
+                              coords[MICROBATCH_AXIS]), (dict(coords), value))
         return take_local(fresh, cut.cotangent_layout, coords, self.sizes) * cut.scale
 
     def compare(self, equal: Any) -> int:
@@ -264,7 +267,7 @@ class SymbolicCuts:
         count = 0
         for cut in self.cuts:
             reached = False
-            for (kind, point, rank, m), (coords, value) in sorted(
+            for (kind, point, _, _, rank, m), (coords, value) in sorted(
                     self.plan.items(), key=lambda item: item[0]):
                 if point != cut.point:
                     continue

@@ -54,6 +54,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", "-j", type=positive_int, default=1, metavar="N",
                         help="check up to N plans at once, each in its own process (default "
                              "1)")
+    parser.add_argument("--executor", type=_executor, default="local", metavar="E",
+                        help="where the plans are checked: local (default; --jobs processes "
+                             "here), ray (a local Ray instance started for the run) or "
+                             "ray://HOST:PORT (a Ray cluster whose workers see the plans at "
+                             "the same paths); Ray is an extra: pip install "
+                             "'trainverify_dsl[ray]'")
     parser.add_argument("--no-cache", dest="cache", action="store_false",
                         help="neither read nor write the proof cache")
     parser.add_argument("--cache-dir", metavar="DIR", default=None,
@@ -62,6 +68,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_color_option(parser)
     add_max_memory_option(parser)
     add_model_root_option(parser)
+
+
+def _executor(text: str) -> str:
+    if text in ("local", "ray") or (text.startswith("ray://") and len(text) > len("ray://")):
+        return text
+    raise argparse.ArgumentTypeError(f"not an executor: {text!r} (local, ray or ray://ADDR)")
 
 
 def _seconds(text: str) -> float:
@@ -101,8 +113,17 @@ def run(args: argparse.Namespace) -> int:
     from trainverify_dsl.cli.progress import phases
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own deprecations
+    if args.executor != "local":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            print("tvp check: --executor ray needs Ray, an optional extra: pip install "
+                  "'trainverify_dsl[ray]'", file=sys.stderr)
+            return 2
     with phases(args.format == "text") as show:
-        if args.jobs > 1 and len(args.plans) > 1:
+        if args.executor != "local":
+            verdicts = check_ray(args, show)
+        elif args.jobs > 1 and len(args.plans) > 1:
             verdicts = check_parallel(args, show)
         else:
             verdicts = [check_one(path, args, lambda phase, p=path: show(f"{p}: {phase}"))
@@ -160,6 +181,59 @@ def check_parallel(args: argparse.Namespace, show: Any) -> list[Any]:
                 verdicts[k] = Verdict(ERROR, plans[k], reason=f"internal error: the worker "
                                       f"checking it failed: {type(error).__name__}: {error}")
             show(f"{done}/{len(plans)} plans checked ({plans[k]}: {verdicts[k].verdict})")
+    return verdicts
+
+
+def _ray_job(path: str, options: dict[str, Any], folder: str) -> Any:
+    """One plan on a Ray worker: in the driver's folder (relative plan paths, spec paths)."""
+    import os
+
+    os.chdir(folder)
+    return _job(path, options)
+
+
+def check_ray(args: argparse.Namespace, show: Any) -> list[Any]:
+    """Every plan as a Ray task running the same job as a local worker (``_job``: a path
+    and the options, plain data); verdicts in the order given. ``--executor ray`` starts a
+    local Ray instance for the run (as many CPUs as ``--jobs``) and stops it after;
+    ``ray://ADDR`` connects to a cluster, whose workers must see the plans and their spec
+    models at the same paths. A task that fails is an ``error`` verdict for its plan."""
+    import logging
+    import os
+
+    import ray
+
+    from trainverify_dsl.check.verdict import ERROR, Verdict
+
+    options = {k: v for k, v in vars(args).items() if k != "handler"}
+    if options.get("cache_dir") is None and os.environ.get("TVP_CACHE_DIR"):
+        options["cache_dir"] = os.environ["TVP_CACHE_DIR"]
+    plans = list(args.plans)
+    started = not ray.is_initialized()
+    if started:
+        address = None if args.executor == "ray" else args.executor
+        # Ray's own log lines would add to the output (nothing extra when piped or in JSON)
+        kwargs: dict[str, Any] = {"address": address, "log_to_driver": False,
+                                  "logging_level": logging.ERROR}
+        if address is None:
+            kwargs.update(num_cpus=args.jobs, include_dashboard=False)
+        ray.init(**kwargs)
+    try:
+        task = ray.remote(num_cpus=1, max_retries=0)(_ray_job)
+        refs = [task.remote(path, options, os.getcwd()) for path in plans]
+        show(f"checking {len(plans)} plans on Ray")
+        verdicts: list[Any] = []
+        for k, ref in enumerate(refs):
+            try:
+                verdicts.append(ray.get(ref))
+            except Exception as error:  # noqa: BLE001 - a lost task is a verdict
+                verdicts.append(Verdict(ERROR, plans[k], reason=f"internal error: the Ray "
+                                        f"task checking it failed: {type(error).__name__}: "
+                                        f"{str(error).strip().splitlines()[-1:]}"))
+            show(f"{k + 1}/{len(plans)} plans checked ({plans[k]}: {verdicts[-1].verdict})")
+    finally:
+        if started:
+            ray.shutdown()
     return verdicts
 
 

@@ -179,7 +179,10 @@ def _prove_cut(pair: CheckPair, timeout_s: float, progress: Callable[[str], None
     if drawn is None:
         return None
     progress("finding the stage boundaries to cut at")
-    cuts, witness = plan_cuts(pair.reference, pair.program, pair.boundaries, drawn)
+    try:
+        cuts, witness = plan_cuts(pair.reference, pair.program, pair.boundaries, drawn)
+    except (ValueError, KeyError, IndexError, ArithmeticError):
+        return None  # the boundaries could not be measured: the step is proven uncut
     if not cuts:
         return None
     proof = _prove_stage(pair, timeout_s, progress, deadline, (cuts, witness))

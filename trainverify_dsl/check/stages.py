@@ -79,8 +79,10 @@ def candidates(program: ParallelProgram, boundaries: tuple[Boundary, ...]
         if t.source is None or t.point is None or t.point not in by_point:
             continue
         boundary = by_point[t.point]
-        recv = next(s for s in program.stages[t.dest].inputs
-                    if s.kind == "recv" and s.spec == t.value)
+        recv = next((s for s in program.stages[t.dest].inputs
+                     if s.kind == "recv" and s.spec == t.value), None)
+        if recv is None:
+            continue
         cot = next((s for s in program.stages[t.source].inputs
                     if s.kind == "cotangent" and s.spec == f"send.{t.sent}"), None)
         if recv.layout.partial is not None:

@@ -481,7 +481,7 @@ def check_pair(built: Programs, values: dict[str, np.ndarray]) -> Any:
     return CheckPair(built.spec.program, built.program,
                      recipe(built.program, built.reference_opt), known, inputs,
                      dict(built.setup.overrides), witness,
-                     tuple(getattr(built.spec, "boundaries", ())))
+                     built.spec.boundaries)
 
 
 #: ``tvp check``'s default limit on one plan, in seconds (``--time-limit``)

@@ -74,6 +74,7 @@ def candidates(program: ParallelProgram, boundaries: tuple[Boundary, ...]
     the layouts of the receive and of the sender's cotangent input."""
     by_point = {p: b for b in boundaries for p in b.points}
     found: dict[int, tuple[Boundary, list[Transfer], TLayout, TLayout | None]] = {}
+    mixed: set[int] = set()  # received in two layouts: not cut
     order = {id(b): k for k, b in enumerate(boundaries)}
     for t in program.transfers:
         if t.source is None or t.point is None or t.point not in by_point:
@@ -89,15 +90,13 @@ def candidates(program: ParallelProgram, boundaries: tuple[Boundary, ...]
             continue
         k = order[id(boundary)]
         if k in found:
-            entry = found[k]
-            if entry[2] != recv.layout:  # two receives in different layouts: not cut
-                found[k] = (boundary, [], recv.layout, None)
-                continue
-            entry[1].append(t)
+            if found[k][2] != recv.layout:
+                mixed.add(k)
+            found[k][1].append(t)
             continue
         cot_layout = cot.layout if cot is not None and cot.layout.partial is None else None
         found[k] = (boundary, [t], recv.layout, cot_layout)
-    return [found[k] for k in sorted(found) if found[k][1]]
+    return [found[k] for k in sorted(found) if k not in mixed]
 
 
 class _Recorder:

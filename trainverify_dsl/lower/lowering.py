@@ -197,6 +197,8 @@ class _Lowering:
         self.skip: set[torch.fx.Node] = set()
         #: marked point -> its mark node; parameter name -> its placeholder (found once)
         self.marks: dict[str, torch.fx.Node] = {}
+        #: the modules the plan itself marks (not the block boundaries the checker adds)
+        self.named_modules = binding.marked_modules()
         self.param_nodes: dict[str, torch.fx.Node] = {}
         self.loss_region: set[torch.fx.Node] = set()
         self.coords: list[dict[str, torch.fx.Node]] = [{} for _ in self.graphs]
@@ -578,7 +580,7 @@ class _Lowering:
         # nothing there, and the proof compares the value where it cuts (check/stages.py)
         if value.op != "placeholder" and isinstance(value.meta.get("val"), torch.Tensor) and \
                 value.meta["val"].is_floating_point() and \
-                module_of(point) in self.binding.marked_modules():
+                module_of(point) in self.named_modules:
             self.observed.setdefault(self.stage, {}).setdefault(point, value)
         for claim in self.binding.claims_at(point):
             problem = claim_problem(claim, lay, self.sizes)

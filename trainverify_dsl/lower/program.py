@@ -40,6 +40,7 @@ from trainverify_dsl.plan.checks import sync_time
 from trainverify_dsl.plan.model import PIPELINE_AXIS, ZIGZAG, Layout, Partial
 from trainverify_dsl.report import codes_lower
 from trainverify_dsl.spec import optim
+from trainverify_dsl.spec.marks import module_of
 
 #: Gradient statements with a meaning on accumulated gradients (§4.5).
 GRAD_SYNC_KINDS = {"all-reduce": "all_reduce", "reduce-scatter": "reduce_scatter"}
@@ -258,7 +259,7 @@ def _lineages(lowered: Lowered) -> tuple[Lineage, ...]:
     named = lowered.binding.marked_modules()  # not the boundaries only the checker marked
     out = []
     for point, lay in lowered.lineages.items():
-        if point != "loss" and point.rsplit(".", 1)[0] not in named:
+        if point != "loss" and module_of(point) not in named:
             continue
         statements = lowered.binding.collectives_at(point)
         origin = source_of(statements[-1].origin) if statements else \

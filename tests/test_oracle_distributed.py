@@ -33,6 +33,7 @@ CORRECT = ["plans/mlp_tiny_dp.tvp", "plans/llama_tiny_tp.tvp", "plans/llama_tiny
            "plans/llama_tiny_cp.tvp", "plans/llama_tiny_cp_zigzag.tvp",
            "plans/deepseek_tiny_ep.tvp", "plans/deepseek_tiny_pp.tvp",
            "plans/deepseek_tiny_tp.tvp", "plans/mlp_dp_tp.tvp", "plans/mlp_tiny_zero.tvp",
+           "plans/mlp_tp_gather_output.tvp",
            # gradient statements after every microbatch; clipping over the tp group
            "plans/mlp_tiny_overlap.tvp", "plans/llama_tiny_clip.tvp",
            # a label-smoothed loss through the vocab-parallel cross-entropy
@@ -51,8 +52,11 @@ FIRST_DIFFERENCE = {
     "plans/bugs/backward_allreduce.tvp": "grad(embed.weight)",
 }
 #: bug plans that no local program exists for (docs/lowering.md: TVP403 layout-mismatch;
-#: TVP412 a gradient block the sharded optimizer cannot consume)
+#: TVP412 a gradient block the sharded optimizer cannot consume; TVP244 a stage reading a
+#: value of a later stage)
 NOT_LOWERABLE = ["plans/bugs/allgather_instead_of_allreduce.tvp",
+                 "plans/bugs/allreduce_instead_of_allgather.tvp",
+                 "plans/bugs/stage_order_breaks_dependency.tvp",
                  "plans/bugs/rope_not_offset.tvp", "plans/bugs/zero_reduce_scatter_order.tvp"]
 #: bug plans the oracle refuses before running, with the words of its reason: a plan `tvp
 #: lint` rejects, a loss reduction other than the local mean

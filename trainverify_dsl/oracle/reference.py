@@ -22,6 +22,8 @@ from trainverify_dsl.plan.model import Optimizer
 
 #: torch.optim's state tensors per optimizer kind (SGD without momentum keeps none; with
 #: momentum its first step creates the buffer from the gradient, so none is drawn either).
+#: the share of a masked input's entries drawn as its ignore index
+MASKED_SHARE = 0.3
 STATES = {"sgd": (), "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq")}
 
 
@@ -29,7 +31,10 @@ def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dt
                 optimizer: Optimizer | None, seed: int) -> dict[str, np.ndarray]:
     """Parameters ~ N(0, 0.5²), Adam's first moment ~ N(0, 0.1²) and second moment
     ~ U(0.01, 0.1) (positive), real inputs ~ N(0, 1), integer inputs (token ids) uniform in the
-    vocabulary (the first embedding table's rows), buffers as the model built them."""
+    vocabulary (the first embedding table's rows), buffers as the model built them. An input
+    the model names in ``masked_inputs()`` (labels with an ignore index) has about
+    ``MASKED_SHARE`` of its entries set to that index, never the last of a row: the data
+    blocks of a plan then count different numbers of tokens, as real batches do."""
     rng = np.random.default_rng(seed)
     values: dict[str, np.ndarray] = {}
     for name, p in model.named_parameters():
@@ -44,6 +49,13 @@ def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dt
             values[name] = rng.normal(0.0, 1.0, size=tuple(shape))
         else:
             values[name] = rng.integers(0, vocab, size=tuple(shape))
+    masked: Mapping[str, int] = getattr(model, "masked_inputs", dict)()
+    for name, ignore in masked.items():
+        if name in inputs:
+            hit = rng.random(values[name].shape) < MASKED_SHARE
+            if hit.ndim:
+                hit[..., -1] = False
+            values[name] = np.where(hit, ignore, values[name])
     for state in STATES[optimizer.kind] if optimizer else ():
         for name, p in model.named_parameters():
             if state == "exp_avg":

@@ -701,9 +701,11 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
             "every routing")
     verdict.elements, verdict.by_normal_form = proof.elements, proof.by_normal_form
     verdict.by_expansion, verdict.by_solver = proof.by_expansion, proof.by_solver
-    verdict.stages_total = verdict.stages_unique = proof.stages
+    verdict.stages_total, verdict.stages_unique = proof.stages, proof.stages - proof.merged
     if proof.uncut:
         verdict.notes.append(proof.uncut)
+    if proof.symmetry:
+        verdict.notes.append(f"symmetry: {proof.symmetry}")
     if proof.status == "proven" and not proof.elements:
         verdict.verdict = INCONCLUSIVE
         verdict.reason = "nothing was compared (no loss, gradient or update to prove)"
@@ -711,6 +713,9 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
         verdict.verdict, verdict.stages_proven = VERIFIED, proof.stages
         staged = f" in {proof.stages} stages cut at block boundaries" if proof.stages > 1 \
             else ""
+        if proof.merged:
+            staged += f" ({proof.stages - proof.merged} distinct, the other {proof.merged} " \
+                      f"proven by symmetry)"
         verdict.reason = f"{proof.elements:,} elements compared{staged}: " \
                          f"{proof.by_normal_form:,} " \
                          f"equal in normal form, {proof.by_expansion:,} by multiplying out, " \

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 #: the format of an entry; part of the fingerprint
-FORMAT = 2
+FORMAT = 3
 #: the counts of a ``Proof`` an entry keeps
 FIELDS = ("elements", "by_normal_form", "by_expansion", "by_solver", "assumed_orders",
-          "stages")
+          "stages", "merged", "by_symmetry")
 
 
 def default_dir() -> Path:

@@ -12,8 +12,9 @@ found nothing structural (coverage, missing updates, recipe) and every obligatio
 
 Where the plan sends the hidden state between blocks from one stage to another, the run is
 cut there (``check/stages.py``): both sides read fresh variables after the boundary, and
-the cut's own obligations say each side computed the same boundary value and cotangent. If
-that proof does not hold, the step is proven again as one stage.
+the cut's own obligations say each side computed the same boundary value and cotangent.
+Blocks whose stages have one canonical form are run and compared once
+(``check/symmetry.py``). If that proof does not hold, the step is proven again as one stage.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from trainverify_dsl.check import symmetry
 from trainverify_dsl.check import terms as t
 from trainverify_dsl.check.pair import POINT, CheckPair
 from trainverify_dsl.check.solver import prove_equal
@@ -55,12 +57,19 @@ class Exact:
     for those too, so every check runs to the end and records every obligation; the
     verdict is decided by proving them."""
 
-    def __init__(self) -> None:
+    def __init__(self, covers: Callable[[str], bool] = lambda tensor: False) -> None:
         self.obligations: list[Obligation] = []
         self.elements = 0
         self.lineage_differences = 0
+        #: tensors whose comparisons other blocks' proofs stand for (``check/symmetry.py``)
+        self.covers = covers
+        self.covered = 0
 
     def equal(self, got: Any, want: Any, where: Comparison) -> tuple[bool, float]:
+        if self.covers(where.tensor):
+            if where.check != "lineages":
+                self.covered += int(np.size(got))
+            return True, 0.0
         g = _objects(got)
         w = _objects(want)
         differs = []
@@ -118,6 +127,12 @@ class Proof:
     stages: int = 1
     #: why a proof cut at stage boundaries was not used ("": it was, or there was none)
     uncut: str = ""
+    #: stages not run, proven by a representative of the same canonical form
+    #: (``check/symmetry.py``), and what merged them
+    merged: int = 0
+    symmetry: str = ""
+    #: elements compared in the representatives' place
+    by_symmetry: int = 0
 
 
 def symbolic_inputs(pair: CheckPair) -> dict[str, Any]:
@@ -136,13 +151,14 @@ def symbolic_inputs(pair: CheckPair) -> dict[str, Any]:
 
 def prove(pair: CheckPair, timeout_s: float = 60.0,
           progress: Callable[[str], None] = lambda phase: None,
-          deadline: float | None = None) -> Proof:
+          deadline: float | None = None, symmetric: bool = True) -> Proof:
     """Prove the pair's two programs equal by every check of ``ir/compare.py``. Past
     ``deadline`` (``time.perf_counter()``) the proof stops: ``unsupported`` with the reason
-    if it is still running the programs, ``open`` if obligations remain."""
+    if it is still running the programs, ``open`` if obligations remain. ``symmetric``:
+    identical blocks are proven once (``check/symmetry.py``)."""
     t.set_deadline(deadline)
     try:
-        return _prove(pair, timeout_s, progress, deadline)
+        return _prove(pair, timeout_s, progress, deadline, symmetric)
     except t.OutOfTime:
         t.reset()
         return Proof("unsupported", "the time limit was reached before both programs ran on "
@@ -152,12 +168,12 @@ def prove(pair: CheckPair, timeout_s: float = 60.0,
 
 
 def _prove(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
-           deadline: float | None) -> Proof:
+           deadline: float | None, symmetric: bool = True) -> Proof:
     """The proof cut at the pair's stage boundaries when it has some and that proof holds;
     else the whole step as one stage (a cut that does not hold proves nothing either way:
     ``check/stages.py``), unless the cut run could not run at all (an op without an exact
     meaning, too many terms), which the uncut run could not either."""
-    cut = _prove_cut(pair, timeout_s, progress, deadline)
+    cut = _prove_cut(pair, timeout_s, progress, deadline, symmetric)
     # an op without an encoding, or a step too large on symbols, is as much so uncut
     if cut is not None and cut.status in ("proven", "unsupported"):
         return cut
@@ -170,7 +186,7 @@ def _prove(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
 
 
 def _prove_cut(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
-               deadline: float | None) -> Proof | None:
+               deadline: float | None, symmetric: bool = True) -> Proof | None:
     from trainverify_dsl.check.stages import numeric_values, plan_cuts
 
     if not pair.boundaries:
@@ -185,23 +201,28 @@ def _prove_cut(pair: CheckPair, timeout_s: float, progress: Callable[[str], None
         return None  # the boundaries could not be measured: the step is proven uncut
     if not cuts:
         return None
-    proof = _prove_stage(pair, timeout_s, progress, deadline, (cuts, witness))
+    classes = symmetry.find(pair, cuts) if symmetric else None
+    proof = _prove_stage(pair, timeout_s, progress, deadline, (cuts, witness), classes)
     proof.stages = len(cuts) + 1
+    if classes is not None:
+        proof.merged, proof.symmetry = len(classes.skipped_stages), classes.describe()
     return proof
 
 
 def _prove_stage(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
-                 deadline: float | None, cut: tuple[list[Any], dict[str, Any]] | None
-                 ) -> Proof:
+                 deadline: float | None, cut: tuple[list[Any], dict[str, Any]] | None,
+                 classes: symmetry.Symmetry | None = None) -> Proof:
     from trainverify_dsl.check.stages import SymbolicCuts
 
     t.reset()
     start = time.perf_counter()
     env = pair.witness_env()
     hooks = None
+    skip_stages = classes.skipped_stages if classes is not None else frozenset()
+    skip_calls = classes.skipped_calls if classes is not None else frozenset()
     if cut is not None:
         cuts, witness = cut
-        hooks = SymbolicCuts(cuts, pair.program.sizes, variables)
+        hooks = SymbolicCuts(cuts, pair.program.sizes, variables, skip_stages)
         if env is not None:
             for name, array in witness.items():
                 for index in np.ndindex(*array.shape):
@@ -211,15 +232,17 @@ def _prove_stage(pair: CheckPair, timeout_s: float, progress: Callable[[str], No
         values = symbolic_inputs(pair)
         progress("running the reference step on symbols")
         outputs = evaluate_program(pair.reference, values, domain,
-                                   replace=hooks.replace if hooks is not None else None)
+                                   replace=hooks.replace if hooks is not None else None,
+                                   skip=skip_calls)
         progress("running the parallel program on symbols")
-        got = evaluate_parallel(pair.program, values, domain=domain, boundaries=hooks)
+        got = evaluate_parallel(pair.program, values, domain=domain, boundaries=hooks,
+                                skip=skip_stages)
     except (Unsupported, t.TooManyTerms) as error:
         t.reset()  # free the terms now
         return Proof("unsupported", str(error), seconds_symbolic=time.perf_counter() - start)
     want = {k: v for k, v in outputs.items() if not k.startswith(POINT)}
     points = {k[len(POINT):]: v for k, v in outputs.items() if k.startswith(POINT)}
-    exact = Exact()
+    exact = Exact(classes.covers) if classes is not None else Exact()
     progress("comparing normal forms")
     try:
         checked = run_checks(Pair(pair.program, want, points, got, pair.recipe, exact, domain))
@@ -232,7 +255,8 @@ def _prove_stage(pair: CheckPair, timeout_s: float, progress: Callable[[str], No
         return Proof("unsupported", str(error), seconds_symbolic=time.perf_counter() - start)
     proof = Proof("proven", elements=exact.elements,
                   seconds_symbolic=time.perf_counter() - start, term_count=len(t._TABLE),
-                  assumed_orders=domain.assumed_orders)
+                  assumed_orders=domain.assumed_orders,
+                  by_symmetry=exact.covered + (hooks.covered if hooks is not None else 0))
     proof.by_normal_form = exact.elements - len(exact.obligations)
     if checked.mismatches:
         proof.status, proof.structural = "failed", list(checked.mismatches)

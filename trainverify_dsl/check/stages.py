@@ -211,8 +211,17 @@ class SymbolicCuts:
     ``evaluate_parallel``'s ``boundaries``), and what each side computed at the cuts, for
     the cut's obligations."""
 
-    def __init__(self, cuts: list[Cut], sizes: Mapping[str, int], variables: Any) -> None:
+    def __init__(self, cuts: list[Cut], sizes: Mapping[str, int], variables: Any,
+                 skip: frozenset[int] = frozenset()) -> None:
         self.cuts, self.sizes, self.variables = cuts, sizes, variables
+        #: stages not run (``check/symmetry.py``): the values they would compute at a cut
+        #: have no obligation here (their representatives' stand for them)
+        self.skip = skip
+        #: the cuts the run reached
+        self.reached: set[str] = set()
+        #: elements of values at cuts that skipped stages computed (not compared), once each
+        self.covered = 0
+        self.seen: set[tuple[str, str, int, str, int, int]] = set()
         self.by_value = {c.boundary.value: c for c in cuts}
         self.by_cot = {c.boundary.cotangent: c for c in cuts if c.scale is not None}
         self.by_transfer = {(t.dest, t.value): c for c in cuts for t in c.transfers}
@@ -244,8 +253,13 @@ class SymbolicCuts:
         fresh = self.fresh.get(_value_name(cut.boundary)) if cut is not None else None
         if cut is None or fresh is None:
             return value
-        self.plan.setdefault(("forward", cut.point, t.dest, t.value, rank,
-                              coords[MICROBATCH_AXIS]), (dict(coords), value))
+        self.reached.add(cut.point)
+        key = ("forward", cut.point, t.dest, t.value, rank, coords[MICROBATCH_AXIS])
+        if t.source not in self.skip:
+            self.plan.setdefault(key, (dict(coords), value))
+        elif key not in self.seen:
+            self.seen.add(key)
+            self.covered += int(np.size(value))
         return take_local(fresh, cut.layout, coords, self.sizes)
 
     def cotangent(self, t: Transfer, rank: int, coords: Mapping[str, int], value: Any) -> Any:
@@ -256,23 +270,29 @@ class SymbolicCuts:
         if fresh is None:
             return value
         assert t.source is not None
-        self.plan.setdefault(("cotangent", cut.point, t.source, str(t.sent), rank,
-                              coords[MICROBATCH_AXIS]), (dict(coords), value))
+        self.reached.add(cut.point)
+        key = ("cotangent", cut.point, t.source, str(t.sent), rank, coords[MICROBATCH_AXIS])
+        if t.dest not in self.skip:
+            self.plan.setdefault(key, (dict(coords), value))
+        elif key not in self.seen:
+            self.seen.add(key)
+            self.covered += int(np.size(value))
         return take_local(fresh, cut.cotangent_layout, coords, self.sizes) * cut.scale
 
     def compare(self, equal: Any) -> int:
         """Each rank's value at each cut against its piece of the reference's, through the
         comparator ``equal(got, want, where)`` (the proof's ``Exact``, which records every
-        element that differs in normal form as an obligation). Returns the count of
-        comparisons; a cut that the run never reached is a failure of the cut (``-1``)."""
+        element that differs in normal form as an obligation); a value computed by a skipped
+        stage has none. Returns the count of comparisons; a cut that the run never reached
+        is a failure of the cut (``-1``)."""
         count = 0
         for cut in self.cuts:
-            reached = False
+            if cut.point not in self.reached:
+                return -1
             for (kind, point, _, _, rank, m), (coords, value) in sorted(
                     self.plan.items(), key=lambda item: item[0]):
                 if point != cut.point:
                     continue
-                reached = True
                 if kind == "forward":
                     want = take_local(self.ref[cut.boundary.value], cut.layout, coords,
                                       self.sizes)
@@ -284,6 +304,4 @@ class SymbolicCuts:
                     what = f"{cut.point} (cotangent x {cut.scale})"
                 equal(value, want, Comparison(CHECK, what, rank, None, f"microbatch {m}"))
                 count += 1
-            if not reached:
-                return -1
         return count

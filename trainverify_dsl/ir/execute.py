@@ -12,7 +12,7 @@ meaning comes from the program; nothing here knows the plan. Values belong to a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
@@ -63,9 +63,11 @@ class Boundaries(Protocol):
 
 class _Run:
     def __init__(self, program: ParallelProgram, values: Mapping[str, np.ndarray],
-                 batched: bool, domain: Domain, boundaries: Boundaries | None = None) -> None:
+                 batched: bool, domain: Domain, boundaries: Boundaries | None = None,
+                 skip: Collection[int] = ()) -> None:
         self.p, self.values, self.domain = program, values, domain
         self.boundaries = boundaries
+        self.skip = frozenset(skip)
         #: (source stage, sent id) -> the transfer delivering it (for cotangents)
         self.sent_by = {(t.source, t.sent): t for t in program.transfers
                         if t.source is not None}
@@ -199,7 +201,12 @@ class _Run:
                forward: bool) -> None:
         ranks = self.stage_ranks[stage.index]
         feeds = [self._feed(stage, r, m, sends, cotangents) for r in ranks]
-        outs = self.spmd(stage.graph, feeds, self.groups(ranks))
+        if stage.index in self.skip:  # proven through another stage (``skip``)
+            zeros = {name: self.domain.fill(stage.graph.value_type(value).shape, 0)
+                     for name, value in stage.graph.outputs}
+            outs = [zeros for _ in ranks]
+        else:
+            outs = self.spmd(stage.graph, feeds, self.groups(ranks))
         kinds = {s.name: s for s in stage.outputs}
         for r, out in zip(ranks, outs, strict=True):
             for name, value in out.items():
@@ -390,13 +397,15 @@ def _block_of(grad: np.ndarray, layout: TLayout, block: TLayout, coords: Mapping
 
 def evaluate_parallel(program: ParallelProgram, values: Mapping[str, np.ndarray],
                       step: bool = True, batched: bool = True,
-                      domain: Domain = NUMERIC, boundaries: Boundaries | None = None
-                      ) -> ParallelOutcome:
+                      domain: Domain = NUMERIC, boundaries: Boundaries | None = None,
+                      skip: Collection[int] = ()) -> ParallelOutcome:
     """The plan's training step on the global input ``values`` (by spec name); with
     ``step=False`` only the microbatch loop (local losses, accumulated gradients before the
     gradient statements). ``batched``: every stage graph runs rank-batched
     (``ir/batched.py``); ``False`` runs it rank by rank (``evaluate_spmd``, the reference).
     ``domain``: the values' domain (a non-numeric one always runs rank by rank); a domain with
     a ``free(shape, key)`` method supplies free values (Rule 5.2) itself. ``boundaries``:
-    sees and may replace the values crossing stages (``Boundaries``)."""
-    return _Run(program, values, batched, domain, boundaries).run(step)
+    sees and may replace the values crossing stages (``Boundaries``). ``skip``: stages that
+    are not run, their outputs zeros (the checker's symmetry, ``check/symmetry.py``, proves
+    them through other stages and reads none of what they would produce)."""
+    return _Run(program, values, batched, domain, boundaries, skip).run(step)

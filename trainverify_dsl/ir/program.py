@@ -13,7 +13,7 @@ program input or an earlier result; results and outputs name defined tensors, on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,18 +114,24 @@ def program_problems(program: Program) -> list[str]:
 
 def evaluate_program(program: Program, inputs: Mapping[str, object],
                      domain: Domain = NUMERIC,
-                     replace: Callable[[str, Any], Any] | None = None
-                     ) -> dict[str, np.ndarray]:
+                     replace: Callable[[str, Any], Any] | None = None,
+                     skip: Collection[int] = ()) -> dict[str, np.ndarray]:
     """Run every call in order on named input arrays (values of ``domain``, numeric by
     default); returns the named outputs. ``replace(name, value)``, when given, sees every
-    call result and returns the value later calls read (the checker's stage cuts)."""
+    call result and returns the value later calls read (the checker's stage cuts). The
+    calls whose indices are in ``skip`` are not run: their results are zeros (the checker's
+    symmetry, ``check/symmetry.py``, which proves those calls through others')."""
     env: dict[str, np.ndarray] = {g.name: domain.bind(inputs[g.name], g.type)
                                   for g in program.inputs}
     table = dict(program.graphs)
-    for call in program.calls:
+    for k, call in enumerate(program.calls):
         graph = table[call.graph]
-        bound = {g.name: env[arg] for g, arg in zip(graph.inputs, call.args, strict=True)}
-        outputs = evaluate_graph(graph, bound, domain)
+        if k in skip:
+            outputs = {name: domain.fill(graph.value_type(value).shape, 0)
+                       for name, value in graph.outputs}
+        else:
+            bound = {g.name: env[arg] for g, arg in zip(graph.inputs, call.args, strict=True)}
+            outputs = evaluate_graph(graph, bound, domain)
         for result, (name, _) in zip(call.results, graph.outputs, strict=True):
             env[result] = outputs[name] if replace is None else replace(result, outputs[name])
     return {out: env[tensor] for out, tensor in program.outputs}

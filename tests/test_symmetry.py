@@ -1,0 +1,187 @@
+"""Symmetry (``check/symmetry.py``): identical blocks proven once.
+
+- On Llama plans with several identical middle blocks (data and tensor parallel; a pipeline
+  with microbatches), the proof merges the middle blocks' stages, and what it skips is
+  exactly what the representatives stand for: the elements compared plus the elements
+  covered by symmetry equal the elements the proof without symmetry compares, and both are
+  proven.
+- A block whose plan statements differ from the others' is a class of its own (proven
+  itself), end to end.
+- Each part of the canonical form keeps a block apart when it differs: a gradient statement
+  on one block's parameter, one parameter's layout, the optimizer's update graph for one
+  parameter, the reference's call for one block, a claim on one block's tensor.
+- Nothing is merged with gradient clipping, per-rank optimizer overrides or an ordering of
+  computed values; the verdict names the merge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from trainverify_dsl import api
+from trainverify_dsl.check import symmetry
+from trainverify_dsl.check.prove import prove
+from trainverify_dsl.check.stages import numeric_values, plan_cuts
+from trainverify_dsl.check.verdict import VERIFIED
+from trainverify_dsl.ir.parallel import GradSync
+
+ROOT = Path(__file__).resolve().parents[1]
+TP_LAYER = ["    apply attention_parallel({l}.attention, tp)",
+            "    apply column_parallel({l}.feed_forward.w1, tp)",
+            "    apply column_parallel({l}.feed_forward.w3, tp)",
+            "    split {l}.feed_forward.w2.weight [-, tp]",
+            "    all-reduce {l}.feed_forward.w2.out over tp"]
+
+
+def llama(layers: int, pp: int = 1, microbatches: int = 1,
+          replicated_ffn: int | None = None) -> str:
+    """Llama tiny on dp=2, tp=2 (and pp), every block tensor parallel; block
+    ``replicated_ffn`` keeps its feed-forward replicated (a correct plan too)."""
+    mesh = (f"pp={pp}, " if pp > 1 else "") + "dp=2, tp=2"
+    lines = ["plan sym",
+             f'spec "{ROOT}/stdlib/models/llama.py:Llama" config llama_tiny '
+             f"batch {4 * microbatches} seq 8 n_layers {layers}",
+             "spec-optimizer sgd lr=0.01", f"mesh {mesh}", f"microbatches {microbatches}",
+             "loss-scale 1/microbatches", f'use "{ROOT}/stdlib/megatron.tvp"', "",
+             "split tokens [dp, -]", "split labels [dp, -]"]
+    if pp > 1:
+        per = layers // pp
+        for s in range(pp):
+            members = [f"layers[{s * per}:{(s + 1) * per}]"]
+            members = (["embed"] if s == 0 else []) + members + \
+                (["norm", "output", "loss"] if s == pp - 1 else [])
+            lines.append(f"pipeline-stage {s}: {', '.join(members)}")
+    if replicated_ffn is None:
+        lines += ["for l in layers:"] + [t.format(l="l") for t in TP_LAYER]
+    else:
+        for k in range(layers):
+            body = TP_LAYER[:1] if k == replicated_ffn else TP_LAYER
+            lines += [t.format(l=f"layers.{k}").strip() for t in body]
+    lines += ["", "all-reduce grad(params) over dp op=avg", "optimizer sgd lr=0.01"]
+    return "\n".join(lines) + "\n"
+
+
+def pair_and_cuts(tmp_path: Path, text: str):
+    path = tmp_path / "plan.tvp"
+    path.write_text(text)
+    built = api.build_programs(path, shrink=True, blocks=True, allow_model_outside_root=True)
+    values = api.step_values(built.program, built.spec, built.setup.build_real(), 0)
+    pair = api.check_pair(built, values)
+    drawn = numeric_values(pair.inputs, pair.known, pair.witness)
+    cuts, _ = plan_cuts(pair.reference, pair.program, pair.boundaries, drawn)
+    return pair, cuts
+
+
+@pytest.fixture(scope="module")
+def five(tmp_path_factory: pytest.TempPathFactory):
+    """5 blocks, dp=2, tp=2: stages 1, 2, 3 are pure blocks of one form."""
+    return pair_and_cuts(tmp_path_factory.mktemp("five"), llama(5))
+
+
+def test_identical_blocks_are_merged_and_cover_what_they_skip(five) -> None:
+    pair, cuts = five
+    classes = symmetry.find(pair, cuts)
+    assert classes is not None
+    assert classes.classes == ((1, (2, 3)),)
+    assert classes.skipped_stages == {2, 3}
+    merged, whole = prove(pair), prove(pair, symmetric=False)
+    assert merged.status == whole.status == "proven", (merged.reason, whole.reason)
+    assert merged.merged == 2 and whole.merged == 0
+    assert merged.elements + merged.by_symmetry == whole.elements
+    assert merged.elements < whole.elements
+    assert merged.term_count < whole.term_count
+
+
+@pytest.mark.slow
+def test_pipeline_blocks_on_other_ranks_are_merged(tmp_path: Path) -> None:
+    """pp=2, 2 microbatches, 6 blocks: the middle blocks of both pipeline places merge."""
+    pair, cuts = pair_and_cuts(tmp_path, llama(6, pp=2, microbatches=2))
+    classes = symmetry.find(pair, cuts)
+    assert classes is not None and classes.classes == ((1, (2, 3, 4)),)
+    merged, whole = prove(pair), prove(pair, symmetric=False)
+    assert merged.status == whole.status == "proven"
+    assert merged.elements + merged.by_symmetry == whole.elements
+
+
+def test_a_block_with_other_statements_is_its_own_class(tmp_path: Path) -> None:
+    pair, cuts = pair_and_cuts(tmp_path, llama(5, replicated_ffn=2))
+    classes = symmetry.find(pair, cuts)
+    assert classes is not None and classes.classes == ((1, (3,)),)
+    path = tmp_path / "plan.tvp"
+    verdict = api.check_file(path, cache=False, allow_model_outside_root=True)
+    assert verdict.verdict == VERIFIED, verdict.reason
+    assert (verdict.stages_total, verdict.stages_unique, verdict.stages_proven) == (5, 4, 5)
+    assert "proven by symmetry" in verdict.reason
+    assert any(n.startswith("symmetry: 1 block stages") for n in verdict.notes)
+
+
+def _block_param(pair, block: int) -> str:
+    return next(p for p, _ in pair.program.param_layouts
+                if p.startswith(f"layers.{block}.feed_forward.w1"))
+
+
+def _sync_on_one(pair):
+    param = _block_param(pair, 3)
+    extra = GradSync("all_reduce", ("tp",), "sum", 0, (param,),
+                     pair.program.grad_syncs[0].origin)
+    return dataclasses.replace(pair, program=dataclasses.replace(
+        pair.program, grad_syncs=pair.program.grad_syncs + (extra,)))
+
+
+def _layout_of_one(pair):
+    param = _block_param(pair, 3)
+    layouts = tuple((p, dataclasses.replace(lay, const=True) if p == param else lay)
+                    for p, lay in pair.program.param_layouts)
+    return dataclasses.replace(pair, program=dataclasses.replace(
+        pair.program, param_layouts=layouts))
+
+
+def _update_of_one(pair):
+    """One parameter's update graph with another attribute on its first node."""
+    param = _block_param(pair, 3)
+    opt = pair.program.optimizer
+    target = next(u for u in opt.updates if u.param == param)
+    node = target.graph.nodes[0]
+    nodes = (node.replace(attrs=tuple(node.attrs) + (("tag", 1),)),) + target.graph.nodes[1:]
+    graph = dataclasses.replace(target.graph, nodes=nodes)
+    updates = tuple(dataclasses.replace(u, graph=graph) if u is target else u
+                    for u in opt.updates)
+    return dataclasses.replace(pair, program=dataclasses.replace(
+        pair.program, optimizer=dataclasses.replace(opt, updates=updates)))
+
+
+def _reference_call_of_one(pair):
+    calls = tuple(dataclasses.replace(c, args=tuple(reversed(c.args)))
+                  if c.prefix == "layers.3" and c.label.endswith("forward") else c
+                  for c in pair.reference.calls)
+    return dataclasses.replace(pair, reference=dataclasses.replace(pair.reference,
+                                                                   calls=calls))
+
+
+@pytest.mark.parametrize("mutate", [_sync_on_one, _layout_of_one, _update_of_one,
+                                    _reference_call_of_one],
+                         ids=["gradient statement", "parameter layout", "update graph",
+                              "reference call"])
+def test_a_difference_in_any_part_of_the_form_keeps_the_block_apart(five, mutate) -> None:
+    pair, cuts = five
+    changed = mutate(pair)
+    classes = symmetry.find(changed, cuts)
+    assert classes is not None
+    assert 3 not in classes.skipped_stages
+    assert classes.classes == ((1, (2,)),)
+
+
+def test_clipping_overrides_and_orderings_stop_every_merge(five, monkeypatch) -> None:
+    pair, cuts = five
+    program = pair.program
+    clipped = dataclasses.replace(pair, program=dataclasses.replace(program, clip=object()))
+    assert symmetry.find(clipped, cuts) is None
+    opt = dataclasses.replace(program.optimizer, overrides=(object(),))
+    overridden = dataclasses.replace(pair, program=dataclasses.replace(program, optimizer=opt))
+    assert symmetry.find(overridden, cuts) is None
+    op = program.stages[1].graph.nodes[-1].op
+    monkeypatch.setattr(symmetry, "ORDERINGS", {op: None})
+    assert symmetry.find(pair, cuts) is None

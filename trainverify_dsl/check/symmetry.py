@@ -1,0 +1,260 @@
+"""Symmetry: identical blocks are proven once.
+
+A proof cut at every block boundary (``check/stages.py``) leaves each block of the step as a
+stage of its own: the plan's stage program for the block on every rank of its pipeline place
+and every microbatch, and the reference's forward and backward calls of the block, both
+reading fresh variables for the hidden state ``X`` entering the block and the cotangent ``Y``
+leaving it. The obligations of block ``j`` (the value and the cotangent it computes at its
+two cuts, the final gradient of each of its parameters on every rank, their updates and
+optimizer states, the claims on its points) are terms in its own parameters and optimizer
+states, its two cut variables and the step's shared inputs (rope tables, ...).
+
+The *canonical form* of a block's stage is everything those obligations are computed from,
+with the block's own index written relative to the block (``layers.5.attention.wq.weight``
+in block 5 reads ``layers.#.attention.wq.weight``, the boundary ``layers.4.out`` reads
+``layers.#-1.out``) and the lowering's transfer names replaced by their points: the stage's
+graph as printed IR, its input and output slots with their layouts, the two cuts (layouts
+and cotangent ratio), each parameter's layout, final gradient layout and holders, the
+gradient statements acting on each parameter, the optimizer update of each (its layouts,
+ZeRO block, states and graph), the claims on the block's tensors, and the reference's calls
+for the block (which graph, which arguments, which results) and for its parameters'
+updates. Two blocks whose canonical forms are equal as text compute the same obligations up
+to a bijective renaming of variables (index ``j`` to index ``k``): every obligation is an
+identity over all values of its variables, so the representative's proof is the other's.
+
+Only exact equality of canonical forms merges blocks; a block whose form is unique is
+proven itself. Nothing is merged when the step couples its parameters (``clip-grad-norm``'s
+global norm), when an optimizer hyper-parameter depends on the rank (per-rank overrides,
+which may name the pipeline coordinate), or when a block orders computed values (top-k
+routing takes its order at each block's own drawn values, ``check/symbolic.py``). A
+renamed name that is a known integer input (token ids, labels), whose value is fixed rather
+than a variable, also stops the merge.
+
+The proof then runs the programs with the merged blocks' stages and reference calls
+replaced by zeros (``evaluate_parallel(skip=...)``, ``evaluate_program(skip=...)``): the cut
+variables stand where their values would be read, and the comparisons of the merged
+blocks' tensors are the representatives' (``Symmetry.covers``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainverify_dsl.check.pair import CheckPair
+from trainverify_dsl.check.symbolic import ORDERINGS
+from trainverify_dsl.ir.parallel import ParallelProgram, Stage
+from trainverify_dsl.ir.printer import format_graph
+from trainverify_dsl.ir.program import Program
+
+_POINT = re.compile(r"^(?P<list>.+)\.(?P<index>\d+)\.(?:in|out)$")
+_MARK = re.compile(r"\bmark_\d+\b")
+
+
+@dataclass(frozen=True)
+class Symmetry:
+    """Which blocks' stages the proof does not run, and what covers them."""
+
+    #: plan stage indices not evaluated (each has a representative with the same form)
+    skipped_stages: frozenset[int]
+    #: reference call indices not evaluated
+    skipped_calls: frozenset[int]
+    #: compared tensors (``grad(p)``, ``new(p)``, ``new(s(p))``, points) whose comparisons
+    #: the representatives' stand for
+    covered: frozenset[str]
+    #: point prefixes of the merged blocks (``layers.5.``)
+    covered_prefixes: tuple[str, ...]
+    #: (representative stage, merged stages) per class with more than one member
+    classes: tuple[tuple[int, tuple[int, ...]], ...]
+
+    def covers(self, tensor: str) -> bool:
+        return tensor in self.covered or tensor.startswith(self.covered_prefixes)
+
+    def describe(self) -> str:
+        merged = sum(len(m) for _, m in self.classes)
+        return (f"{merged} block stages proven by their representatives' proofs "
+                f"({len(self.classes)} classes of identical canonical form: "
+                + "; ".join(f"stage {r} for {', '.join(map(str, m))}"
+                            for r, m in self.classes[:4])
+                + ("; ..." if len(self.classes) > 4 else "") + ")")
+
+
+def list_path(pair: CheckPair) -> str | None:
+    """The module list whose blocks the boundaries separate (``layers``)."""
+    paths = {m.group("list") for b in pair.boundaries for p in b.points
+             if (m := _POINT.match(p)) is not None}
+    return next(iter(paths)) if len(paths) == 1 else None
+
+
+def find(pair: CheckPair, cuts: list[Any]) -> Symmetry | None:
+    """The classes of identical block stages of the cut proof, or ``None`` when nothing
+    can be merged (module docstring)."""
+    program, reference = pair.program, pair.reference
+    path = list_path(pair)
+    if path is None or program.clip is not None or \
+            (program.optimizer is not None and program.optimizer.overrides):
+        return None
+    if _orders(program, reference):
+        return None
+    pattern = re.compile(r"(?<![\w])" + re.escape(path) + r"\.(\d+)(?!\d)")
+    if any(pattern.search(name) for name in pair.known):
+        return None
+    marks = {t.value: t.point for t in program.transfers if t.point is not None}
+    marks.update({t.sent: t.point for t in program.transfers
+                  if t.sent is not None and t.point is not None})
+    by_dest = {t.dest: c for c in cuts for t in c.transfers if c.scale is not None}
+    by_source = {t.source: c for c in cuts for t in c.transfers if c.scale is not None}
+    classes: dict[str, list[tuple[int, int]]] = {}
+    for stage in program.stages:
+        block = _pure_block(program, stage, path)
+        if block is None or stage.index not in by_dest or stage.index not in by_source:
+            continue
+        if any((t.dest == stage.index and t not in by_dest[stage.index].transfers) or
+               (t.source == stage.index and t not in by_source[stage.index].transfers)
+               for t in program.transfers):
+            continue  # a value crossing into or out of the block that is not cut
+        calls = _block_calls(reference, path, block, _params(stage))
+        if not calls:
+            continue
+        key = _canonical(program, reference, stage, path, block, calls,
+                         (by_dest[stage.index], by_source[stage.index]),
+                         lambda text, b=block: _normalise(text, pattern, b, marks))
+        classes.setdefault(key, []).append((stage.index, block))
+    merged = [members for members in classes.values() if len(members) > 1]
+    if not merged:
+        return None
+    skipped_stages: set[int] = set()
+    skipped_calls: set[int] = set()
+    covered: set[str] = set()
+    prefixes: list[str] = []
+    out: list[tuple[int, tuple[int, ...]]] = []
+    for members in merged:
+        (first, _), rest = members[0], members[1:]
+        out.append((first, tuple(s for s, _ in rest)))
+        for index, block in rest:
+            stage = program.stages[index]
+            skipped_stages.add(index)
+            params = _params(stage)
+            skipped_calls.update(_block_calls(reference, path, block, params))
+            prefixes.append(f"{path}.{block}.")
+            for p in params:
+                covered.update({f"grad({p})", f"new({p})"})
+            for u in (program.optimizer.updates if program.optimizer else ()):
+                if u.param in params:
+                    covered.update(f"new({s}({u.param}))" for s in u.states)
+    if not _closed(reference, skipped_calls, cuts):
+        return None
+    return Symmetry(frozenset(skipped_stages), frozenset(skipped_calls), frozenset(covered),
+                    tuple(prefixes), tuple(out))
+
+
+def _orders(program: ParallelProgram, reference: Program) -> bool:
+    graphs = [st.graph for st in program.stages] + [g for _, g in reference.graphs]
+    return any(node.op in ORDERINGS for graph in graphs for node in graph.nodes)
+
+
+def _params(stage: Stage) -> tuple[str, ...]:
+    return tuple(s.spec for s in stage.inputs if s.kind == "param")
+
+
+def _pure_block(program: ParallelProgram, stage: Stage, path: str) -> int | None:
+    """The block a stage computes when it computes nothing else: every parameter it reads
+    is one block's and held by this stage alone; it seeds no backward, computes no loss or
+    token count, reads no pipeline coordinate, and no layout of its slots names the
+    pipeline axis (its values do not depend on the place it runs on)."""
+    params = _params(stage)
+    if not params:
+        return None
+    found = {m.group(1) for p in params
+             if (m := re.match(re.escape(path) + r"\.(\d+)\.", p)) is not None}
+    if len(found) != 1 or not all(p.startswith(f"{path}.{next(iter(found))}.")
+                                  for p in params):
+        return None
+    if any(program.holders(p) != (stage.index,) for p in params):
+        return None
+    pipeline = program.pipeline_axis
+    for slot in stage.inputs + stage.outputs:
+        if slot.kind in ("seed", "denominator", "loss") or \
+                (slot.kind == "coord" and slot.spec == pipeline):
+            return None
+        if pipeline is not None and _names_axis(slot.layout, pipeline):
+            return None
+    return int(next(iter(found)))
+
+
+def _names_axis(layout: Any, axis: str) -> bool:
+    if layout.partial is not None and axis in layout.partial[1]:
+        return True
+    return any(axis in f.axes for dim in layout.dims for f in dim)
+
+
+def _block_calls(reference: Program, path: str, block: int, params: tuple[str, ...]
+                 ) -> list[int]:
+    """The reference's calls for the block (its forward and backward) and for its
+    parameters' updates, by index."""
+    prefix = f"{path}.{block}"
+    updates = {f"new({p})" for p in params}
+    return [k for k, call in enumerate(reference.calls)
+            if call.prefix == prefix or updates.intersection(call.results)]
+
+
+def _canonical(program: ParallelProgram, reference: Program, stage: Stage, path: str,
+               block: int, calls: list[int], cuts: tuple[Any, Any], norm: Any) -> str:
+    params = set(_params(stage))
+    final = program.final_grad_layouts()
+    layouts = dict(program.param_layouts)
+    parts = [format_graph(stage.graph, "stage"), repr(stage.inputs), repr(stage.outputs)]
+    for cut in cuts:
+        parts.append(repr((cut.point, cut.boundary, cut.layout, cut.cotangent_layout,
+                           cut.scale)))
+    for p in sorted(params):
+        parts.append(repr((p, layouts[p], final[p])))
+    for i, sync in enumerate(program.grad_syncs):
+        mine = tuple(p for p in sync.params if p in params)
+        if mine:
+            parts.append(repr((i, sync.kind, sync.axes, sync.op, sync.dim, sync.after, mine)))
+    if program.optimizer is not None:
+        for u in program.optimizer.updates:
+            if u.param in params:
+                parts.append(repr((u.param, u.layout, u.block, u.states)))
+                parts.append(format_graph(u.graph, "update"))
+    for claim in program.claims:
+        target = claim.target
+        inner = target[5:-1] if target.startswith("grad(") else target
+        if inner in params or inner.startswith(f"{path}.{block}."):
+            parts.append(repr((target, claim.layout)))
+    for k in calls:
+        call = reference.calls[k]
+        parts.append(repr((call.graph, call.args, call.results, call.prefix, call.label)))
+    return norm("\n".join(parts))
+
+
+def _normalise(text: str, pattern: re.Pattern[str], block: int,
+               marks: Mapping[str, str]) -> str:
+    """``text`` with transfer names replaced by their points and every index of the block
+    list written relative to ``block``."""
+    text = _MARK.sub(lambda m: f"@{marks[m.group(0)]}" if m.group(0) in marks
+                     else m.group(0), text)
+
+    def relative(m: re.Match[str]) -> str:
+        d = int(m.group(1)) - block
+        return m.group(0)[:-len(m.group(1))] + ("#" if d == 0 else f"#{d:+d}")
+    return pattern.sub(relative, text)
+
+
+def _closed(reference: Program, skipped: set[int], cuts: list[Any]) -> bool:
+    """Every value a run call reads from a skipped call is a cut (read as fresh variables),
+    so zeros in the skipped calls' place change nothing that is compared."""
+    replaced = {c.boundary.value for c in cuts} | \
+        {c.boundary.cotangent for c in cuts if c.scale is not None}
+    produced: set[str] = set()
+    for k in sorted(skipped):
+        produced.update(reference.calls[k].results)
+    for k, call in enumerate(reference.calls):
+        if k in skipped:
+            continue
+        if any(a in produced and a not in replaced for a in call.args):
+            return False
+    return True

@@ -22,10 +22,12 @@ from pathlib import Path
 import pytest
 
 from trainverify_dsl import api
-from trainverify_dsl.check import symmetry
+from trainverify_dsl.check import prove as prove_module
+from trainverify_dsl.check import stages, symmetry
 from trainverify_dsl.check.prove import prove
 from trainverify_dsl.check.stages import numeric_values, plan_cuts
 from trainverify_dsl.check.verdict import VERIFIED
+from trainverify_dsl.ir.compare import Comparison
 from trainverify_dsl.ir.parallel import GradSync
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,3 +187,21 @@ def test_clipping_overrides_and_orderings_stop_every_merge(five, monkeypatch) ->
     op = program.stages[1].graph.nodes[-1].op
     monkeypatch.setattr(symmetry, "ORDERINGS", {op: None})
     assert symmetry.find(pair, cuts) is None
+
+
+def test_a_cut_next_to_a_merged_block_keeps_its_obligations(five, monkeypatch) -> None:
+    """Every cotangent ratio off by a factor of 3: the cut between the last merged block
+    (stage 3) and the last stage is computed by the last stage, which runs, so its
+    obligations stay (a merged block's name prefix covers its final checks, never a cut's),
+    fail, and the cut proof is not ``proven``."""
+    pair, cuts = five
+    wrong = [stages.Cut(c.point, c.boundary, c.transfers, c.layout, c.cotangent_layout,
+                        c.scale * 3) for c in cuts]
+    monkeypatch.setattr(stages, "plan_cuts", lambda *args: (wrong, {}))
+    cut = prove_module._prove_cut(pair, 2.0, lambda phase: None, None)
+    assert cut is not None and cut.merged == 2
+    assert cut.status != "proven" and cut.cuts_unproven > 0
+    classes = symmetry.find(pair, cuts)
+    assert not classes.covers(Comparison(stages.CHECK, "layers.3.out (cotangent x 2)", 0,
+                                         None))
+    assert classes.covers(Comparison("gradients", "grad(layers.3.ffn_norm.weight)", 0, None))

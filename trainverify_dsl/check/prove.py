@@ -57,7 +57,7 @@ class Exact:
     for those too, so every check runs to the end and records every obligation; the
     verdict is decided by proving them."""
 
-    def __init__(self, covers: Callable[[str], bool] = lambda tensor: False) -> None:
+    def __init__(self, covers: Callable[[Comparison], bool] = lambda where: False) -> None:
         self.obligations: list[Obligation] = []
         self.elements = 0
         self.lineage_differences = 0
@@ -66,7 +66,7 @@ class Exact:
         self.covered = 0
 
     def equal(self, got: Any, want: Any, where: Comparison) -> tuple[bool, float]:
-        if self.covers(where.tensor):
+        if self.covers(where):
             if where.check != "lineages":
                 self.covered += int(np.size(got))
             return True, 0.0
@@ -125,8 +125,11 @@ class Proof:
     assumed_orders: int = 0
     #: the stages the step was proven in (``check/stages.py``): cut boundaries + 1
     stages: int = 1
-    #: why a proof cut at stage boundaries was not used ("": it was, or there was none)
+    #: why a proof cut at stage boundaries was not used, or why the step was not proven
+    #: again uncut ("": neither applies)
     uncut: str = ""
+    #: obligations of the cuts themselves (``check/stages.py``) left open or not attempted
+    cuts_unproven: int = 0
     #: stages not run, proven by a representative of the same canonical form
     #: (``check/symmetry.py``), and what merged them
     merged: int = 0
@@ -135,12 +138,14 @@ class Proof:
     by_symmetry: int = 0
 
 
-def symbolic_inputs(pair: CheckPair) -> dict[str, Any]:
+def symbolic_inputs(pair: CheckPair, zeros: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Every input of the step by spec name: float ones as fresh variables, the rest as
-    known values."""
+    known values; ``zeros``: float inputs nothing compared reads (``check/symmetry.py``)."""
     values: dict[str, Any] = {}
     for name, (shape, dtype) in pair.inputs.items():
-        if is_float(dtype):
+        if name in zeros:
+            values[name] = np.zeros(shape)
+        elif is_float(dtype):
             values[name] = variables(name, shape)
         elif name in pair.known:
             values[name] = pair.known[name]
@@ -176,6 +181,15 @@ def _prove(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
     cut = _prove_cut(pair, timeout_s, progress, deadline, symmetric)
     # an op without an encoding, or a step too large on symbols, is as much so uncut
     if cut is not None and cut.status in ("proven", "unsupported"):
+        return cut
+    if cut is not None and cut.status == "open" and not cut.refuted and \
+            not cut.cuts_unproven:
+        # every cut holds and nothing was refuted: the open obligations are final checks
+        # over the cut variables, which uncut are the same checks with each variable
+        # replaced by the whole computation before it, larger still
+        cut.uncut = "the step was not proven again as one stage: every cut's own " \
+                    "obligations hold and none of the open ones was refuted (uncut they " \
+                    "would be larger)"
         return cut
     note = "" if cut is None else f"the proof cut at {cut.stages - 1} stage boundaries did " \
         f"not hold ({cut.reason}); the step was proven as one stage"
@@ -229,7 +243,7 @@ def _prove_stage(pair: CheckPair, timeout_s: float, progress: Callable[[str], No
                     env[f"{name}[{','.join(map(str, index))}]"] = float(array[index])
     domain = SymbolicDomain(env)
     try:
-        values = symbolic_inputs(pair)
+        values = symbolic_inputs(pair, classes.unread if classes is not None else frozenset())
         progress("running the reference step on symbols")
         outputs = evaluate_program(pair.reference, values, domain,
                                    replace=hooks.replace if hooks is not None else None,
@@ -245,11 +259,12 @@ def _prove_stage(pair: CheckPair, timeout_s: float, progress: Callable[[str], No
     exact = Exact(classes.covers) if classes is not None else Exact()
     progress("comparing normal forms")
     try:
-        checked = run_checks(Pair(pair.program, want, points, got, pair.recipe, exact, domain))
+        # the cuts' own obligations first: they are decided before the final checks'
         if hooks is not None and hooks.compare(exact.equal) < 0:
             t.reset()
             return Proof("failed", "a stage cut was never reached by the parallel program",
                          seconds_symbolic=time.perf_counter() - start)
+        checked = run_checks(Pair(pair.program, want, points, got, pair.recipe, exact, domain))
     except t.TooManyTerms as error:
         t.reset()
         return Proof("unsupported", str(error), seconds_symbolic=time.perf_counter() - start)
@@ -278,13 +293,16 @@ MAX_OPEN = 10
 def _solve(obligations: list[Obligation], proof: Proof, timeout_s: float,
            progress: Callable[[str], None], deadline: float | None = None) -> None:
     from trainverify_dsl.check.expand import Expander
+    from trainverify_dsl.check.stages import CHECK
 
     start = time.perf_counter()
     decided: dict[tuple[int, int], Any] = {}
     expander = Expander()
+    rest = 0  # the first obligation not attempted
     for k, ob in enumerate(obligations):
+        rest = k + 1
         if len(proof.open) >= MAX_OPEN:
-            proof.not_attempted = len(obligations) - k
+            proof.not_attempted, rest = len(obligations) - k, k
             break
         if k % 50 == 0:
             progress(f"deciding {len(obligations) - k:,} obligations")
@@ -300,6 +318,7 @@ def _solve(obligations: list[Obligation], proof: Proof, timeout_s: float,
         except t.OutOfTime:
             proof.not_attempted = len(obligations) - k
             proof.open.append((ob.describe(), "the time limit was reached"))
+            proof.cuts_unproven += ob.where.check == CHECK
             break
         if outcome.status == "expanded":
             proof.by_expansion += 1
@@ -309,6 +328,8 @@ def _solve(obligations: list[Obligation], proof: Proof, timeout_s: float,
             if outcome.status == "refuted":
                 proof.refuted.append((ob, outcome))
             proof.open.append((ob.describe(), outcome.reason))
+            proof.cuts_unproven += ob.where.check == CHECK
+    proof.cuts_unproven += sum(ob.where.check == CHECK for ob in obligations[rest:])
     proof.seconds_solver = time.perf_counter() - start
     if proof.open:
         proof.status = "open"

@@ -24,9 +24,10 @@ identity over all values of its variables, so the representative's proof is the 
 
 Only exact equality of canonical forms merges blocks; a block whose form is unique is
 proven itself. Nothing is merged when the step couples its parameters (``clip-grad-norm``'s
-global norm), when an optimizer hyper-parameter depends on the rank (per-rank overrides,
-which may name the pipeline coordinate), or when a block orders computed values (top-k
-routing takes its order at each block's own drawn values, ``check/symbolic.py``). A
+global norm) or when an optimizer hyper-parameter depends on the rank (per-rank overrides,
+which may name the pipeline coordinate); a block that orders computed values (top-k
+routing takes its order at each block's own drawn values, ``check/symbolic.py``) is never
+merged. A
 renamed name that is a known integer input (token ids, labels), whose value is fixed rather
 than a variable, also stops the merge.
 
@@ -43,8 +44,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainverify_dsl.check.pair import CheckPair
+from trainverify_dsl.check.pair import POINT, CheckPair
+from trainverify_dsl.check.stages import CHECK as CUT_CHECK
 from trainverify_dsl.check.symbolic import ORDERINGS
+from trainverify_dsl.ir.compare import Comparison
 from trainverify_dsl.ir.parallel import ParallelProgram, Stage
 from trainverify_dsl.ir.printer import format_graph
 from trainverify_dsl.ir.program import Program
@@ -61,16 +64,23 @@ class Symmetry:
     skipped_stages: frozenset[int]
     #: reference call indices not evaluated
     skipped_calls: frozenset[int]
-    #: compared tensors (``grad(p)``, ``new(p)``, ``new(s(p))``, points) whose comparisons
-    #: the representatives' stand for
+    #: compared tensors whose comparisons the representatives' stand for: the merged
+    #: blocks' ``grad(p)``, ``new(p)``, ``new(s(p))`` and the points their stages observe
     covered: frozenset[str]
-    #: point prefixes of the merged blocks (``layers.5.``)
-    covered_prefixes: tuple[str, ...]
     #: (representative stage, merged stages) per class with more than one member
     classes: tuple[tuple[int, tuple[int, ...]], ...]
+    #: inputs of the step only skipped stages and calls read (the merged blocks'
+    #: parameters and optimizer states): the proof binds them to zeros, not variables
+    unread: frozenset[str] = frozenset()
 
-    def covers(self, tensor: str) -> bool:
-        return tensor in self.covered or tensor.startswith(self.covered_prefixes)
+    def covers(self, where: Comparison) -> bool:
+        """Whether a comparison of the final checks is a merged block's (its representative's
+        stands for it). The cuts' own comparisons are never covered here: a value at a cut
+        is skipped by the stage that computes it (``SymbolicCuts``), and the cut between a
+        merged block and a stage that runs has its other direction computed by that stage."""
+        if where.check == CUT_CHECK:
+            return False
+        return where.tensor in self.covered
 
     def describe(self) -> str:
         merged = sum(len(m) for _, m in self.classes)
@@ -96,8 +106,6 @@ def find(pair: CheckPair, cuts: list[Any]) -> Symmetry | None:
     if path is None or program.clip is not None or \
             (program.optimizer is not None and program.optimizer.overrides):
         return None
-    if _orders(program, reference):
-        return None
     pattern = re.compile(r"(?<![\w])" + re.escape(path) + r"\.(\d+)(?!\d)")
     if any(pattern.search(name) for name in pair.known):
         return None
@@ -116,8 +124,9 @@ def find(pair: CheckPair, cuts: list[Any]) -> Symmetry | None:
                for t in program.transfers):
             continue  # a value crossing into or out of the block that is not cut
         calls = _block_calls(reference, path, block, _params(stage))
-        if not calls:
-            continue
+        if not calls or _orders([stage.graph] + [reference.graph(reference.calls[k].graph)
+                                                  for k in calls]):
+            continue  # no calls to skip, or an order taken at this block's own values
         key = _canonical(program, reference, stage, path, block, calls,
                          (by_dest[stage.index], by_source[stage.index]),
                          lambda text, b=block: _normalise(text, pattern, b, marks))
@@ -128,7 +137,7 @@ def find(pair: CheckPair, cuts: list[Any]) -> Symmetry | None:
     skipped_stages: set[int] = set()
     skipped_calls: set[int] = set()
     covered: set[str] = set()
-    prefixes: list[str] = []
+    unread: set[str] = set()
     out: list[tuple[int, tuple[int, ...]]] = []
     for members in merged:
         (first, _), rest = members[0], members[1:]
@@ -138,20 +147,23 @@ def find(pair: CheckPair, cuts: list[Any]) -> Symmetry | None:
             skipped_stages.add(index)
             params = _params(stage)
             skipped_calls.update(_block_calls(reference, path, block, params))
-            prefixes.append(f"{path}.{block}.")
+            covered.update(s.spec for s in stage.outputs if s.kind == "lineage")
             for p in params:
                 covered.update({f"grad({p})", f"new({p})"})
+                unread.add(p)
             for u in (program.optimizer.updates if program.optimizer else ()):
                 if u.param in params:
                     covered.update(f"new({s}({u.param}))" for s in u.states)
-    if not _closed(reference, skipped_calls, cuts):
+                    unread.update(f"{s}({u.param})" for s in u.states)
+    if not _closed(reference, skipped_calls, cuts) or \
+            not _unread(program, reference, skipped_stages, skipped_calls, unread) or \
+            not _points_run(program, reference, skipped_calls, covered):
         return None
     return Symmetry(frozenset(skipped_stages), frozenset(skipped_calls), frozenset(covered),
-                    tuple(prefixes), tuple(out))
+                    tuple(out), frozenset(unread))
 
 
-def _orders(program: ParallelProgram, reference: Program) -> bool:
-    graphs = [st.graph for st in program.stages] + [g for _, g in reference.graphs]
+def _orders(graphs: list[Any]) -> bool:
     return any(node.op in ORDERINGS for graph in graphs for node in graph.nodes)
 
 
@@ -258,3 +270,26 @@ def _closed(reference: Program, skipped: set[int], cuts: list[Any]) -> bool:
         if any(a in produced and a not in replaced for a in call.args):
             return False
     return True
+
+
+def _unread(program: ParallelProgram, reference: Program, stages: set[int], calls: set[int],
+            names: set[str]) -> bool:
+    """No stage or reference call that runs reads one of ``names`` (besides the optimizer
+    step of the merged parameters, whose results are covered comparisons)."""
+    for stage in program.stages:
+        if stage.index not in stages and any(s.spec in names for s in stage.inputs):
+            return False
+    return not any(k not in calls and names.intersection(call.args)
+                   for k, call in enumerate(reference.calls))
+
+
+def _points_run(program: ParallelProgram, reference: Program, calls: set[int],
+                covered: set[str]) -> bool:
+    """Every claim and lineage that is still compared reads a reference value computed by a
+    call that runs (a point observed by a stage that runs, but computed on the reference's
+    side by a skipped call, would compare zeros with zeros)."""
+    skipped = {r for k in calls for r in reference.calls[k].results}
+    targets = {c.target for c in program.claims} | {lin.point for lin in program.lineages}
+    outputs = dict(reference.outputs)
+    return not any(outputs.get(f"{POINT}{t}") in skipped for t in targets
+                   if t not in covered and not t.startswith("grad(") and t != "loss")

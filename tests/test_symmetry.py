@@ -28,7 +28,7 @@ from trainverify_dsl.check.prove import prove
 from trainverify_dsl.check.stages import numeric_values, plan_cuts
 from trainverify_dsl.check.verdict import VERIFIED
 from trainverify_dsl.ir.compare import Comparison
-from trainverify_dsl.ir.parallel import GradSync
+from trainverify_dsl.ir.parallel import Claim, GradSync
 
 ROOT = Path(__file__).resolve().parents[1]
 TP_LAYER = ["    apply attention_parallel({l}.attention, tp)",
@@ -163,10 +163,19 @@ def _reference_call_of_one(pair):
                                                                    calls=calls))
 
 
+def _claim_on_one(pair):
+    """A claim on a point block 3's stage observes (only there)."""
+    stage = pair.program.stages[3]
+    slot = next(s for s in stage.outputs if s.kind == "lineage")
+    claim = Claim(slot.spec, slot.layout, pair.program.grad_syncs[0].origin)
+    return dataclasses.replace(pair, program=dataclasses.replace(
+        pair.program, claims=pair.program.claims + (claim,)))
+
+
 @pytest.mark.parametrize("mutate", [_sync_on_one, _layout_of_one, _update_of_one,
-                                    _reference_call_of_one],
+                                    _reference_call_of_one, _claim_on_one],
                          ids=["gradient statement", "parameter layout", "update graph",
-                              "reference call"])
+                              "reference call", "claim"])
 def test_a_difference_in_any_part_of_the_form_keeps_the_block_apart(five, mutate) -> None:
     pair, cuts = five
     changed = mutate(pair)

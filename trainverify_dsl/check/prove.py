@@ -216,6 +216,10 @@ def _prove_cut(pair: CheckPair, timeout_s: float, progress: Callable[[str], None
     if not cuts:
         return None
     classes = symmetry.find(pair, cuts) if symmetric else None
+    if classes is not None:
+        merged = len(classes.skipped_stages)
+        progress(f"{len(cuts) + 1 - merged} of {len(cuts) + 1} stages distinct, {merged} "
+                 f"proven by symmetry")
     proof = _prove_stage(pair, timeout_s, progress, deadline, (cuts, witness), classes)
     proof.stages = len(cuts) + 1
     if classes is not None:
@@ -318,7 +322,7 @@ def _solve(obligations: list[Obligation], proof: Proof, timeout_s: float,
         except t.OutOfTime:
             proof.not_attempted = len(obligations) - k
             proof.open.append((ob.describe(), "the time limit was reached"))
-            proof.cuts_unproven += ob.where.check == CHECK
+            proof.cuts_unproven += _is_cut(ob, CHECK)
             break
         if outcome.status == "expanded":
             proof.by_expansion += 1
@@ -328,8 +332,8 @@ def _solve(obligations: list[Obligation], proof: Proof, timeout_s: float,
             if outcome.status == "refuted":
                 proof.refuted.append((ob, outcome))
             proof.open.append((ob.describe(), outcome.reason))
-            proof.cuts_unproven += ob.where.check == CHECK
-    proof.cuts_unproven += sum(ob.where.check == CHECK for ob in obligations[rest:])
+            proof.cuts_unproven += _is_cut(ob, CHECK)
+    proof.cuts_unproven += sum(_is_cut(ob, CHECK) for ob in obligations[rest:])
     proof.seconds_solver = time.perf_counter() - start
     if proof.open:
         proof.status = "open"
@@ -337,6 +341,11 @@ def _solve(obligations: list[Obligation], proof: Proof, timeout_s: float,
         proof.reason = f"{len(proof.open)} of {len(obligations):,} obligations the normal " \
                        f"form could not decide are not proven{rest} (first: " \
                        f"{proof.open[0][0]}: {proof.open[0][1]})"
+
+
+def _is_cut(ob: Obligation, check: str) -> bool:
+    """Whether an obligation is a stage cut's own (``check/stages.py``)."""
+    return getattr(ob.where, "check", None) == check
 
 
 def _decide(ob: Obligation, expander: Any, timeout_s: float) -> Any:

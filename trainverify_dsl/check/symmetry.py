@@ -16,25 +16,28 @@ in block 5 reads ``layers.#.attention.wq.weight``, the boundary ``layers.4.out``
 graph as printed IR, its input and output slots with their layouts, the two cuts (layouts
 and cotangent ratio), each parameter's layout, final gradient layout and holders, the
 gradient statements acting on each parameter, the optimizer update of each (its layouts,
-ZeRO block, states and graph), the claims on the block's tensors, and the reference's calls
-for the block (which graph, which arguments, which results) and for its parameters'
-updates. Two blocks whose canonical forms are equal as text compute the same obligations up
-to a bijective renaming of variables (index ``j`` to index ``k``): every obligation is an
-identity over all values of its variables, so the representative's proof is the other's.
+ZeRO block, states and graph), the claims on its gradients and on the points its stage
+observes, and the reference's calls for the block (which graph, which arguments, which
+results) and for its parameters' updates. Two blocks whose canonical forms are equal as
+text compute the same obligations up to a bijective renaming of variables (index ``j`` to
+index ``k``): every obligation is an identity over all values of its variables, so the
+representative's proof is the other's.
 
 Only exact equality of canonical forms merges blocks; a block whose form is unique is
 proven itself. Nothing is merged when the step couples its parameters (``clip-grad-norm``'s
 global norm) or when an optimizer hyper-parameter depends on the rank (per-rank overrides,
 which may name the pipeline coordinate); a block that orders computed values (top-k
 routing takes its order at each block's own drawn values, ``check/symbolic.py``) is never
-merged. A
-renamed name that is a known integer input (token ids, labels), whose value is fixed rather
-than a variable, also stops the merge.
+merged. A renamed name that is a known integer input (token ids, labels), whose value is
+fixed rather than a variable, also stops the merge.
 
 The proof then runs the programs with the merged blocks' stages and reference calls
-replaced by zeros (``evaluate_parallel(skip=...)``, ``evaluate_program(skip=...)``): the cut
-variables stand where their values would be read, and the comparisons of the merged
-blocks' tensors are the representatives' (``Symmetry.covers``).
+replaced by zeros (``evaluate_parallel(skip=...)``, ``evaluate_program(skip=...)``) and
+their parameters and optimizer states bound to zeros: the cut variables stand where their
+values would be read, and the final checks of the merged blocks' tensors are the
+representatives' (``Symmetry.covers``). A value at a cut computed by a merged stage has no
+obligation (``SymbolicCuts``); the other direction of the same cut, computed by a stage
+that runs, keeps its own.
 """
 
 from __future__ import annotations
@@ -127,7 +130,7 @@ def find(pair: CheckPair, cuts: list[Any]) -> Symmetry | None:
         if not calls or _orders([stage.graph] + [reference.graph(reference.calls[k].graph)
                                                   for k in calls]):
             continue  # no calls to skip, or an order taken at this block's own values
-        key = _canonical(program, reference, stage, path, block, calls,
+        key = _canonical(program, reference, stage, calls,
                          (by_dest[stage.index], by_source[stage.index]),
                          lambda text, b=block: _normalise(text, pattern, b, marks))
         classes.setdefault(key, []).append((stage.index, block))
@@ -155,6 +158,9 @@ def find(pair: CheckPair, cuts: list[Any]) -> Symmetry | None:
                 if u.param in params:
                     covered.update(f"new({s}({u.param}))" for s in u.states)
                     unread.update(f"{s}({u.param})" for s in u.states)
+    # a point observed by a stage that runs as well is compared there
+    covered -= {s.spec for st in program.stages if st.index not in skipped_stages
+                for s in st.outputs if s.kind == "lineage"}
     if not _closed(reference, skipped_calls, cuts) or \
             not _unread(program, reference, skipped_stages, skipped_calls, unread) or \
             not _points_run(program, reference, skipped_calls, covered):
@@ -212,8 +218,8 @@ def _block_calls(reference: Program, path: str, block: int, params: tuple[str, .
             if call.prefix == prefix or updates.intersection(call.results)]
 
 
-def _canonical(program: ParallelProgram, reference: Program, stage: Stage, path: str,
-               block: int, calls: list[int], cuts: tuple[Any, Any], norm: Any) -> str:
+def _canonical(program: ParallelProgram, reference: Program, stage: Stage,
+               calls: list[int], cuts: tuple[Any, Any], norm: Any) -> str:
     params = set(_params(stage))
     final = program.final_grad_layouts()
     layouts = dict(program.param_layouts)
@@ -232,10 +238,11 @@ def _canonical(program: ParallelProgram, reference: Program, stage: Stage, path:
             if u.param in params:
                 parts.append(repr((u.param, u.layout, u.block, u.states)))
                 parts.append(format_graph(u.graph, "update"))
+    observed = {s.spec for s in stage.outputs if s.kind == "lineage"}
     for claim in program.claims:
         target = claim.target
         inner = target[5:-1] if target.startswith("grad(") else target
-        if inner in params or inner.startswith(f"{path}.{block}."):
+        if inner in params or target in observed:
             parts.append(repr((target, claim.layout)))
     for k in calls:
         call = reference.calls[k]

@@ -192,6 +192,13 @@ class Context(Protocol):
     def loss_mode(self) -> str: ...
     def normalise_loss(self, numerator: torch.fx.Node, count: torch.fx.Node | int,
                        axes: tuple[str, ...], cause: Any) -> tuple[torch.fx.Node, TLayout]: ...
+    def partial_cotangent(self, value: torch.fx.Node, axes: tuple[str, ...],
+                          cause: Any) -> None:
+        """The cotangent the algorithm's backward gives its input ``value`` is partial over
+        ``axes`` (each rank's share of a sum; ``cause``: the statement to blame), for the
+        layout pass of the backward (``lower/gradients.py``); an input not declared gets none
+        from the algorithm."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +361,10 @@ def _lower_context_parallel(cx: Context, site: Site) -> tuple[torch.fx.Node, TLa
 
     inputs = [cx.local(v) for v in (x, cos, sin)] + [cx.local(p) for p in params] + [k]  # type: ignore
     out = inline(cx, run, inputs)
+    # each rank projects x onto its own heads: with wq, wk, wv split by rows (heads), x's
+    # gradient on a rank is its heads' share, partial over the axes splitting them
+    heads = {a for p in params[:3] for a in cx.layout(p).dim_axes(0)}  # type: ignore[arg-type]
+    cx.partial_cotangent(x, tuple(sorted(heads - set(x_lay.shard_axes()))), site.origin)
     wo_lay = cx.layout(params[3])  # type: ignore[arg-type]
     dims = x_lay.dims[:2] + (wo_lay.dims[0],)
     split_in = tuple(a for a in wo_lay.dim_axes(1))

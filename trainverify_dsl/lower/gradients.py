@@ -33,8 +33,10 @@ statements:
   it by the group size: TVP406 ``collective-mismatch``.
 
 Ops inside parallel algorithms are not seen (the algorithm's own collectives carry its
-backward and the simulation checks it); cotangents entering an algorithm's inputs are taken as
-complete.
+backward and the simulation checks it); an algorithm's input gets, from the algorithm, the
+output's cotangent made partial over the axes the algorithm declares
+(``Context.partial_cotangent``: context-parallel attention declares the axes splitting its
+heads), and nothing from an algorithm that declares nothing.
 """
 
 from __future__ import annotations
@@ -89,6 +91,18 @@ class _Op:
 
 
 @dataclass(frozen=True, slots=True)
+class _AlgorithmInput:
+    """An input of a parallel algorithm whose cotangent the algorithm's backward makes
+    partial over ``axes`` (``algorithms.Context.partial_cotangent``)."""
+
+    out: Any
+    source: Any
+    axes: tuple[str, ...]
+    span: Span | None
+    where: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class _Collective:
     out: Any
     source: Any
@@ -124,6 +138,12 @@ class GradientTracker:
 
     def collective(self, out: Any, source: Any, sums: tuple[str, ...], statement: Any) -> None:
         self.record.append(_Collective(out, source, sums, statement))
+
+    def algorithm_input(self, out: Any, source: Any, axes: tuple[str, ...],
+                        span: Span | None, where: str = "") -> None:
+        """The algorithm computing ``out`` reads ``source``; its backward gives ``source``
+        the output's cotangent (linearly) made partial over ``axes``."""
+        self.record.append(_AlgorithmInput(out, source, axes, span, where))
 
     def pipeline_copies(self, copies: Mapping[str, tuple[int, Span | None]]) -> None:
         """Parameters used on several pp ranks (a tied embedding and output head): each rank
@@ -161,6 +181,12 @@ class GradientTracker:
                         _unsummed_backward(item.statement)))
                 passed = {a: s for a, s in mine.items() if a not in summed}
                 _merge(cot, item.source, passed)
+                continue
+            if isinstance(item, _AlgorithmInput):
+                contribution = dict(mine)
+                for axis in self._real(item.axes):
+                    contribution.setdefault(axis, (item.span, item.where))
+                _merge(cot, item.source, contribution)
                 continue
             out = item.layout if isinstance(item.layout, TLayout) else None
             for index, (value, lay, floating) in enumerate(item.operands):

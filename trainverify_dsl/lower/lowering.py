@@ -124,6 +124,10 @@ class _AlgorithmContext:
     def mark(self, point: str) -> torch.fx.Node | None:
         return self._lw.marks.get(point)
 
+    def partial_cotangent(self, value: torch.fx.Node, axes: tuple[str, ...],
+                          cause: Any) -> None:
+        self._lw.algorithm_inputs.append((value, axes, getattr(cause, "report_span", cause)))
+
     def param(self, name: str) -> torch.fx.Node | None:
         return self._lw.param_nodes.get(name)
 
@@ -203,6 +207,8 @@ class _Lowering:
         self.loss_region: set[torch.fx.Node] = set()
         self.coords: list[dict[str, torch.fx.Node]] = [{} for _ in self.graphs]
         self.grads = GradientTracker(sizes)
+        #: inputs an algorithm declared a partial cotangent for, until its output is marked
+        self.algorithm_inputs: list[tuple[torch.fx.Node, tuple[str, ...], Any]] = []
         #: stage -> marked point -> its local value (observed in simulation)
         self.observed: dict[int, dict[str, torch.fx.Node]] = {}
         #: the spec loss's normaliser when it is lowered by ``lower/loss.py``
@@ -560,6 +566,10 @@ class _Lowering:
         replaced = algorithms.module_output(self.algorithm_context, point)
         if replaced is not None:
             value, lay = replaced
+            # the backward through the algorithm, as far as it declared it
+            for source, axes, span in self.algorithm_inputs:
+                self.grads.algorithm_input(node, source, axes, span, self._where())
+            self.algorithm_inputs.clear()
         else:
             value, lay = self.value(self.stage, source), self.layouts[source]
             statements = self.binding.collectives_at(point)

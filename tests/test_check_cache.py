@@ -69,6 +69,23 @@ def test_a_changed_plan_is_a_miss(tmp_path: Path, counting: Counting):
     assert len(list(tmp_path.glob("*.json"))) == 2
 
 
+def test_a_plan_text_met_again_is_a_hit(tmp_path: Path, counting: Counting):
+    """A search gives plans as text: each ``api.check`` writes a new temporary file, so the
+    key must not depend on the file's name or on where statements stand."""
+    text = PLAN.read_text()
+    first = api.check(text, base_dir=ROOT / "plans", cache_dir=tmp_path)
+    again = api.check(text, base_dir=ROOT / "plans", cache_dir=tmp_path)
+    assert first.verdict == again.verdict == "verified" and counting.calls == 1
+    assert again.cached
+    # comments and blank lines move every statement: still the same proof
+    moved = "# a comment a search tool added\n\n" + text.replace("\n\n", "\n\n\n")
+    shifted = api.check(moved, base_dir=ROOT / "plans", cache_dir=tmp_path)
+    assert shifted.cached and counting.calls == 1
+    # and the file checked by its path meets the same proof
+    assert api.check_file(PLAN, cache_dir=tmp_path).cached and counting.calls == 1
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+
 def test_another_checker_is_a_miss(tmp_path: Path, counting: Counting,
                                    monkeypatch: pytest.MonkeyPatch):
     api.check_file(PLAN, cache_dir=tmp_path)

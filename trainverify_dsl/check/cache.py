@@ -5,7 +5,10 @@ SHA-256 of both: the pair's contents (the reference ``Program``, the ``ParallelP
 recipe, the integer inputs and the drawn witness of any ordering, serialised with ``pickle``
 — every field, so a change anywhere is a different key) and the checker's fingerprint (the
 package version, the z3 version and the source text of ``check/`` and ``ir/``, the code a
-proof runs through). Only ``proven`` results are stored: a counterexample comes from the
+proof runs through). Source spans are left out of the key (every ``Span`` pickles as one
+placeholder): where a statement stands says where to report, not what is proven, so a plan
+given as text (a new temporary file each time), moved to another folder, or edited only in
+its comments and line breaks meets its proof again. Only ``proven`` results are stored: a counterexample comes from the
 numeric pre-check, which runs every time, and an inconclusive one may be decided with a larger
 limit. An entry that cannot be read is a miss.
 
@@ -20,6 +23,7 @@ Where: ``$TVP_CACHE_DIR``, else ``$XDG_CACHE_HOME/trainverify_dsl/proofs``, else
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -29,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from trainverify_dsl.report.span import Span
 
 #: the format of an entry; part of the fingerprint
 FORMAT = 3
@@ -76,12 +82,23 @@ def _arrays(values: Any) -> list[tuple[str, str, tuple[int, ...], bytes]]:
     return out
 
 
+class _WithoutSpans(pickle.Pickler):
+    """Pickles every ``Span`` as the same placeholder (the key ignores source positions)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, Span):
+            return str, ("<span>",)
+        return NotImplemented
+
+
 def key(pair: Any) -> str:
     """The cache key of a ``check.pair.CheckPair``."""
     digest = hashlib.sha256(fingerprint().encode())
     content = (pair.reference, pair.program, pair.recipe,
                sorted(pair.inputs.items()), _arrays(pair.known), _arrays(pair.witness))
-    digest.update(pickle.dumps(content, protocol=pickle.HIGHEST_PROTOCOL))
+    buffer = io.BytesIO()
+    _WithoutSpans(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(content)
+    digest.update(buffer.getvalue())
     return digest.hexdigest()
 
 

@@ -8,9 +8,9 @@ package version, the z3 version and the source text of ``check/`` and ``ir/``, t
 proof runs through). Source spans are left out of the key (every ``Span`` pickles as one
 placeholder): where a statement stands says where to report, not what is proven, so a plan
 given as text (a new temporary file each time), moved to another folder, or edited only in
-its comments and line breaks meets its proof again. Only ``proven`` results are stored: a counterexample comes from the
-numeric pre-check, which runs every time, and an inconclusive one may be decided with a larger
-limit. An entry that cannot be read is a miss.
+its comments and line breaks meets its proof again. Only ``proven`` results are stored: a
+counterexample comes from the numeric pre-check, which runs every time, and an inconclusive
+one may be decided with a larger limit. An entry that cannot be read is a miss.
 
 Granularity: the whole step is one stage today (docs/checking.md), so an edit that changes
 the program misses the cache; unchanged plans (a CI re-run, the same variant met twice in a

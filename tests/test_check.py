@@ -306,3 +306,18 @@ def test_colour_on_request_and_plain_text_otherwise(capsys: pytest.CaptureFixtur
     strip = re.sub(r"\x1b\[[0-9;]*m", "", coloured)
     # the seconds differ from run to run
     assert re.sub(r"\(\d+\.\d s\)", "", strip) == re.sub(r"\(\d+\.\d s\)", "", plain)
+
+
+def test_a_plan_without_a_spec_is_a_located_error(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`tvp lint` accepts a plan without a `spec` line; checking it is TVP504 at the file's
+    first line, exit 1, never an unlocated usage message."""
+    plan = tmp_path / "nospec.tvp"
+    plan.write_text("plan x\nmesh dp=2\nsplit x [dp, -]\noptimizer sgd lr=0.1\n")
+    verdict = check_file(plan)
+    assert verdict.verdict == ERROR
+    (diagnostic,) = verdict.diagnostics
+    assert diagnostic.code.id == "TVP504" and diagnostic.span.line == 1
+    assert main(["check", str(plan)]) == 1
+    assert main(["simulate", str(plan)]) == 1
+    assert f"{plan}:1:1: error" in capsys.readouterr().out

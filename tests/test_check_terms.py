@@ -193,6 +193,25 @@ def test_normal_form_with_long_sums_evaluates_like_the_expression(seed: int) -> 
         assert value(term, env) == pytest.approx(direct(env), rel=1e-9, abs=1e-9), seed
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_dot_is_the_sum_of_the_products(seed: int) -> None:
+    """``terms.dot`` (the contraction's fast path) makes the very poly ``sum(x * y)`` makes:
+    single terms, constants, short and long sums, inverses that cancel, lone sums."""
+    rng = random.Random(seed)
+    leaves = [t.var(n) for n in "abcdxy"]
+    long = t.Poly.sum(t.var(f"z{i}") for i in range(7))
+    pool = leaves + [t.Poly.constant(0), t.Poly.constant(3), t.Poly.constant(0.5), long,
+                     leaves[0].inverse(), (leaves[1] + leaves[2]).inverse(),
+                     leaves[0] + leaves[1], 1 - leaves[3], long * leaves[4]]
+    for _ in range(4):
+        pool.append(_random_expression(rng, leaves, 3, OPS_SUMS)[0])
+    n = rng.randint(1, 12)
+    xs = [rng.choice(pool) for _ in range(n)]
+    ys = [rng.choice(pool) for _ in range(n)]
+    assert t.dot(xs, ys) is t.Poly.sum([x * y for x, y in zip(xs, ys, strict=True)])
+    assert t.dot([t.INF], [leaves[0]]) is None
+
+
 def test_multiplying_out_proves_distributivity() -> None:
     xs = [t.var(f"x{i}") for i in range(8)]
     m = t.var("m")

@@ -98,9 +98,15 @@ def prepare(path: str | Path, *, shrink: bool | None = None, real: bool = True,
     from trainverify_dsl.spec.load import model_input_specs
 
     plan = resolve_plan(path)
-    if plan.spec is None or plan.mesh is None:
-        raise SimulationSetupError([], f"{path}: a simulated plan needs a `spec` line and a "
-                                       "`mesh`")
+    if plan.spec is None:  # a missing mesh is TVP203, an error resolve_plan raised
+        from trainverify_dsl.report.codes_run import NO_SPEC
+
+        raise SimulationSetupError([Diagnostic(
+            NO_SPEC, "the plan has no `spec` line: there is no model to compare it with",
+            Span(plan.file, 1, 1, 1, 1),
+            help='add a line such as `spec "stdlib/models/llama.py:Llama" config llama_tiny '
+                 'batch 4 seq 8` after the `plan` header')])
+    assert plan.mesh is not None
     settings = {k: _plain(v) for k, v in plan.spec.settings if k not in NOT_CONFIG}
     # located (and refused if outside the allowed roots) before anything imports it
     model_ref = locate_model(plan, Path(path), allow_model_outside_root)

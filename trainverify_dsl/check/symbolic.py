@@ -332,7 +332,9 @@ def _matmul(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         row = list(x[i])
         for j in range(n):
             col = columns[j]
-            out[i, j] = _sum([row[p] * col[p] for p in range(k)])
+            total = t.dot(row, col)
+            out[i, j] = total if total is not None else _sum([row[p] * col[p]
+                                                                for p in range(k)])
     return out
 
 

@@ -380,13 +380,18 @@ class Poly(Term):
     def _init(self, const: Fraction, terms: dict[Monomial, Fraction]) -> None:
         self.const, self.terms = const, terms
         self._product: tuple[Fraction, dict[Any, int]] | None = None
-        self.skey = hash((const, frozenset((m.skey, c) for m, c in terms.items())))
+        self.skey = hash(((const.numerator, const.denominator),
+                          frozenset((m.skey, c.numerator, c.denominator)
+                                    for m, c in terms.items())))
 
     # -- construction ---------------------------------------------------------------------
 
     @staticmethod
     def make(const: Fraction, terms: dict[Monomial, Fraction]) -> Poly:
-        key = ("poly", const, frozenset((id(m), c) for m, c in terms.items()))
+        # coefficients enter keys as (numerator, denominator): equal exactly when the
+        # (normalised) fractions are, and hashed several times faster than a Fraction
+        key = ("poly", const.numerator, const.denominator,
+               frozenset((id(m), c.numerator, c.denominator) for m, c in terms.items()))
         term = _TABLE.get(key)
         if term is None:
             _full()
@@ -655,6 +660,48 @@ def _times_sum(total: Poly, short: Poly) -> Poly:
     return Poly.sum(parts)
 
 
+def dot(xs: list[Any], ys: list[Any]) -> Poly | None:
+    """``sum(x * y for x, y in zip(xs, ys))``, the same poly, made without interning each
+    product: a product of two single terms whose factors need no rewriting (no cancellation
+    to a constant, no short sum to multiply out, not a lone sum) is its merged monomial, and
+    a constant factor scales the other side's terms; every other product is ``x * y``.
+    ``None`` when an operand is not a poly (an infinity): the caller multiplies one by one."""
+    const = _ZERO
+    terms: dict[Monomial, Fraction] = {}
+    get = terms.get
+    for x, y in zip(xs, ys, strict=True):
+        if not isinstance(x, Poly) or not isinstance(y, Poly):
+            return None
+        xt, yt = x.terms, y.terms
+        if not xt or not yt:
+            if not xt and not yt:
+                const += x.const * y.const
+                continue
+            k, p = (x.const, y) if not xt else (y.const, x)
+            if k:
+                const += p.const * k
+                for m, c in p.terms.items():
+                    terms[m] = get(m, _ZERO) + c * k
+            continue
+        if not x.const and not y.const and len(xt) == 1 and len(yt) == 1:
+            (mx, cx), = xt.items()
+            (my, cy), = yt.items()
+            powers = mx.times(my)
+            if powers and not any(e > 0 and isinstance(f, Poly) and
+                                  (_short(f) or (e == 1 and len(powers) == 1))
+                                  for f, e in powers.items()):
+                m = Monomial.make(powers)
+                terms[m] = get(m, _ZERO) + cx * cy
+                continue
+        product = x * y
+        if not isinstance(product, Poly):
+            return None
+        const += product.const
+        for m, c in product.terms.items():
+            terms[m] = get(m, _ZERO) + c
+    return Poly.make(const, {m: c for m, c in terms.items() if c})
+
+
 def as_poly(value: Any) -> Poly:
     if isinstance(value, Poly):
         return value
@@ -672,8 +719,8 @@ def reset() -> None:
     and ``ONE`` stay (other modules hold them). Terms made before a reset never equal terms
     made after it: never mix them."""
     _TABLE.clear()
-    _TABLE[("poly", _ZERO, frozenset())] = ZERO
-    _TABLE[("poly", _ONE, frozenset())] = ONE
+    _TABLE[("poly", 0, 1, frozenset())] = ZERO
+    _TABLE[("poly", 1, 1, frozenset())] = ONE
 
 
 class Inf:

@@ -61,4 +61,19 @@ INCONCLUSIVE = Code(
     "# raise --timeout, or write the plan's computation as the spec writes it\n",
 )
 
-CODES: tuple[Code, ...] = (OVER_BUDGET, COUNTEREXAMPLE, INCONCLUSIVE)
+NO_SPEC = Code(
+    "TVP504", "no-spec", Severity.ERROR,
+    "the plan names no model to run or check it against",
+    "`tvp simulate`, `tvp check` and `tvp run-distributed` compare the plan with its spec's "
+    "single-device training step, so the plan needs a `spec` line (the model, its config and "
+    "the batch). `tvp lint` accepts a plan without one (a fragment, or a plan checked only "
+    "for consistency).",
+    "Without a spec there is nothing the plan could be proven equal to.",
+    "plan mlp_dp\nmesh dp=2\nsplit x [dp, -]\nsplit target [dp, -]\n"
+    "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.1\n",
+    "plan mlp_dp\nspec \"stdlib/models/mlp.py:MLP\" config mlp_tiny batch 8 seq 1\n"
+    "spec-optimizer sgd lr=0.1\nmesh dp=2\nsplit x [dp, -]\nsplit target [dp, -]\n"
+    "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.1\n",
+)
+
+CODES: tuple[Code, ...] = (OVER_BUDGET, COUNTEREXAMPLE, INCONCLUSIVE, NO_SPEC)

@@ -72,3 +72,43 @@ def test_vocab_parallel_ce_on_unsplit_logits_is_blamed_on_the_algorithm(tmp_path
     path.write_text(text, encoding="utf-8")
     found = [(d.code.id, d.span.line) for d in layout_diagnostics(path)]
     assert found == [("TVP408", len(text.splitlines()))], found
+
+
+def _lint_variant(tmp_path, plan: str, old: str, new: str) -> tuple[list[tuple[str, int]], str]:
+    from pathlib import Path
+
+    from trainverify_dsl.api import layout_diagnostics
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "plans" / plan).read_text()
+    assert old in text
+    text = text.replace(old, new)
+    path = tmp_path / "p.tvp"
+    path.write_text(text, encoding="utf-8")
+    found = layout_diagnostics(path, allow_model_outside_root=True)
+    return [(d.code.id, d.span.line) for d in found], "\n".join(d.message for d in found)
+
+
+def _line(plan: str, statement: str) -> int:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "plans" / plan).read_text()
+    return next(i for i, line in enumerate(text.splitlines(), 1) if line.startswith(statement))
+
+
+def test_labels_split_unlike_the_tokens_are_a_located_finding(tmp_path) -> None:
+    """Labels replicated while the tokens are split over dp (and the reverse): each rank's
+    logits rows and labels disagree. Found by a fuzz of tvp check: the vocab-parallel
+    cross-entropy crashed the layout pass with a torch shape error (an internal error); the
+    plain loss was blamed on the last collective of the block loop."""
+    found, message = _lint_variant(tmp_path, "llama_tiny_sp.tvp", "split labels [dp, -]",
+                                   "split labels [-, -]")
+    assert found == [("TVP408", _line("llama_tiny_sp.tvp", "apply vocab_parallel_output"))]
+    assert "labels" in message and "4/dp" in message
+    found, message = _lint_variant(tmp_path, "llama_tiny_tp.tvp", "split labels [dp, -]",
+                                   "split labels [-, -]")
+    assert found == [("TVP403", _line("llama_tiny_tp.tvp", "split tokens"))], found
+    assert "the source is [4/dp" in message
+    found, _ = _lint_variant(tmp_path, "llama_tiny_tp.tvp", "split tokens [dp, -]",
+                             "split tokens [-, -]")
+    assert found == [("TVP403", _line("llama_tiny_tp.tvp", "split labels"))], found

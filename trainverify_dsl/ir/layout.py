@@ -54,7 +54,13 @@ Dim = tuple[Factor, ...]
 
 
 class LayoutError(ValueError):
-    """A layout that cannot be propagated (the message says why)."""
+    """A layout that cannot be propagated (the message says why). ``axes``: the mesh axes
+    whose splits disagree, when known: the lowering blames the statement that brought them
+    into the operands, not the last statement it read."""
+
+    def __init__(self, message: str, axes: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.axes = axes
 
 
 @dataclass(frozen=True, slots=True)

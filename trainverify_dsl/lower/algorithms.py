@@ -433,8 +433,13 @@ def _lower_vocab_cross_entropy(cx: Context, site: Site) -> tuple[torch.fx.Node, 
         return vocab_parallel_cross_entropy(z, y, k, axes, n, smoothing, partition, ignore,
                                             mean=plain)
 
-    out = inline(cx, run, [cx.local(logits_mark), cx.local(labels), k])
     label_lay = cx.layout(labels)
+    rows = TLayout(logits_lay.dims[:-1])
+    if label_lay.dims != rows.dims:
+        raise _not_applicable(site, f"its labels are {label_lay.describe()}, but the logits' "
+                                    f"rows are {rows.describe()}: each rank must hold the labels "
+                                    "of its own rows (split the labels as the tokens)")
+    out = inline(cx, run, [cx.local(logits_mark), cx.local(labels), k])
     data_axes = tuple(a for f in label_lay.dims[0] for a in f.axes)
     seq_axes = tuple(a for d in label_lay.dims[1:] for f in d for a in f.axes)
     mean_axes = data_axes + seq_axes
@@ -518,13 +523,25 @@ def module_output(cx: Context, point: str) -> tuple[torch.fx.Node, TLayout] | No
         return None
     module = point.rsplit(".", 1)[0]
     site = next((s for s in _replacing(cx, "module") if s.module == module), None)
-    return None if site is None else ALGORITHMS[site.name].lower(cx, site)
+    return None if site is None else _lower(cx, site)
 
 
 def loss_replacement(cx: Context) -> tuple[torch.fx.Node, TLayout] | None:
     """The loss algorithm's local loss, else ``None``."""
     site = next(iter(_replacing(cx, "loss")), None)
-    return None if site is None else ALGORITHMS[site.name].lower(cx, site)
+    return None if site is None else _lower(cx, site)
+
+
+def _lower(cx: Context, site: Site) -> tuple[torch.fx.Node, TLayout]:
+    """The site's definition lowered. Each definition checks the layouts it needs; a torch
+    shape check that still fails while its code is traced on the local values (inputs whose
+    local shapes do not fit together) is the algorithm's located finding, not a crash."""
+    try:
+        return ALGORITHMS[site.name].lower(cx, site)
+    except RuntimeError as error:  # torch's shape checks raise RuntimeError
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise _not_applicable(site, f"its code does not run on the local values of this "
+                                    f"plan ({first})") from None
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "Context", "Site", "expert_parallel",

@@ -524,9 +524,10 @@ class _Lowering:
             else:
                 result = rule(self, node.args, dict(node.kwargs), node.meta["val"])
         except LayoutError as error:
+            blamed = self.cause_for(error.axes) if error.axes else self.current_cause
             raise LoweringError(Finding(codes_lower.LAYOUT_MISMATCH,
                                         f"{name.removeprefix('aten.')} in "
-                                        f"{self._where()}: {error}", self.current_cause,
+                                        f"{self._where()}: {error}", blamed,
                                         self._where())) from None
         args = torch.fx.node.map_aggregate(result.args, lambda a: self.value(self.stage, a))
         kwargs = torch.fx.node.map_aggregate(result.kwargs,

@@ -490,7 +490,10 @@ def _gather(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
     for k in range(lay.rank):
         if k != d and not same_dim(lay.dims[k], index.dims[k]) and index.global_shape()[k] \
                 == lay.global_shape()[k]:
-            raise LayoutError("gather with an index split differently from its source")
+            raise LayoutError(f"gather with an index split differently from its source "
+                              f"(dimension {k}: the source is {lay.describe()}, the index "
+                              f"{index.describe()})",
+                              tuple(dict.fromkeys(lay.dim_axes(k) + index.dim_axes(k))))
     if lay.partial:
         ctx.finding(codes_lower.PARTIAL_NONLINEAR, "gather from a partial sum", lay)
     return Result(TLayout(index.dims, lay.partial, lay.const and index.const, lay.cause),

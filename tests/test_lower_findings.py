@@ -112,3 +112,18 @@ def test_labels_split_unlike_the_tokens_are_a_located_finding(tmp_path) -> None:
     found, _ = _lint_variant(tmp_path, "llama_tiny_tp.tvp", "split tokens [dp, -]",
                              "split tokens [-, -]")
     assert found == [("TVP403", _line("llama_tiny_tp.tvp", "split labels"))], found
+
+
+def test_two_copies_of_one_value_sum_its_gradient_twice(tmp_path) -> None:
+    """The statements at one point apply one after the other, in the backward too: a second
+    `copy fc1.in over tp` sums the gradient the first one's backward already made complete
+    (x tp). Found by a fuzz of tvp check (a template line duplicated): the layout pass saw
+    both backwards read the same partial cotangent and said nothing."""
+    found, message = _lint_variant(tmp_path, "mlp_dp_tp.tvp",
+                                   "apply column_parallel_bias(fc1, tp)\n",
+                                   "apply column_parallel_bias(fc1, tp)\ncopy fc1.in over tp\n")
+    # blamed on the earlier of the two (the template's, at its apply line): the later one's
+    # backward ran first and made the gradient complete
+    line = _line("mlp_dp_tp.tvp", "apply column_parallel_bias")
+    assert found == [("TVP406", line)], found
+    assert "already complete over tp" in message

@@ -574,9 +574,14 @@ class _Lowering:
         else:
             value, lay = self.value(self.stage, source), self.layouts[source]
             statements = self.binding.collectives_at(point)
-            for statement in statements:
+            # the statements at a point apply one after the other: the backward of each
+            # reads the cotangent the next one's backward left (two `copy`s of one value
+            # sum it twice), so each gets its own value between them
+            for i, statement in enumerate(statements):
                 sums = st_sums(statement)
-                self.grads.collective(node, source, sums, statement)
+                out = node if i == len(statements) - 1 else (node, i)
+                self.grads.collective(out, source if i == 0 else (node, i - 1), sums,
+                                      statement)
             if not statements:
                 self.grads.op(node, MARK, [(source, lay, True)], lay, None)
         for statement in self.binding.collectives_at(point):

@@ -127,3 +127,57 @@ def test_two_copies_of_one_value_sum_its_gradient_twice(tmp_path) -> None:
     line = _line("mlp_dp_tp.tvp", "apply column_parallel_bias")
     assert found == [("TVP406", line)], found
     assert "already complete over tp" in message
+
+
+def test_a_copy_over_an_axis_splitting_the_value_is_found(tmp_path) -> None:
+    """`copy fc1.in over tp, dp` where the input is split over dp: the backward sums the
+    gradients of different rows over dp (found by the fuzz of tvp check: a template's `over
+    axis` widened; lint --spec said nothing because tp was partial)."""
+    found, message = _lint_variant(tmp_path, "mlp_dp_tp.tvp",
+                                   "apply column_parallel_bias(fc1, tp)\n",
+                                   "apply column_parallel_bias(fc1, tp)\ncopy fc1.in over dp\n")
+    line = _line("mlp_dp_tp.tvp", "apply column_parallel_bias") + 1
+    assert ("TVP406", line) in found, found
+    assert "sums over dp the gradients of different pieces" in message
+
+
+def test_a_repeated_gradient_statement_is_found(tmp_path) -> None:
+    """`all-reduce grad(embed.weight) over pp` twice sums the tied copies twice; any gradient
+    all-reduce repeated over an axis sums complete gradients."""
+    statement = "all-reduce grad(embed.weight) over pp\n"
+    found, message = _lint_variant(tmp_path, "llama_tiny_tied.tvp", statement, statement * 2)
+    line = _line("llama_tiny_tied.tvp", "all-reduce grad(embed.weight) over pp") + 1
+    assert ("TVP406", line) in found, found
+    assert "already summed over pp" in message
+    statement = "all-reduce grad(params) over dp op=avg\n"
+    found, message = _lint_variant(tmp_path, "mlp_dp_tp.tvp", statement,
+                                   statement + "all-reduce grad(params) over dp\n")
+    line = _line("mlp_dp_tp.tvp", "all-reduce grad(params)") + 1
+    assert ("TVP406", line) in found, found
+    assert "already complete over dp" in message
+
+
+def test_a_failing_fake_op_leaves_no_torch_log_on_stderr(tmp_path) -> None:
+    """An algorithm whose code fails on the plan's local shapes is one located diagnostic;
+    torch's own ERROR log of the failed fake op (a traceback) is not printed (found by the
+    fuzz of tvp check: `tvp lint --spec` printed pages of it)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    template = (root / "stdlib" / "megatron.tvp").read_text()
+    old = "template row_parallel_bias(m, axis=tp):\n    split m.weight [-, axis]\n"
+    assert old in template
+    (tmp_path / "megatron.tvp").write_text(template.replace(
+        old, "template row_parallel_bias(m, axis=tp):\n    split m.weight [dp, axis]\n"))
+    shutil.copytree(root / "stdlib" / "models", tmp_path / "stdlib" / "models")
+    plan = (root / "plans" / "mlp_dp_tp.tvp").read_text().replace(
+        'use "stdlib/megatron.tvp"', 'use "megatron.tvp"')
+    (tmp_path / "p.tvp").write_text(plan)
+    run = subprocess.run([sys.executable, "-m", "trainverify_dsl", "lint", "--spec", "p.tvp"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "TVP408" in run.stdout and "row-parallel-linear" in run.stdout
+    assert run.stderr == "", run.stderr[:2000]

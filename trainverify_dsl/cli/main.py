@@ -62,6 +62,18 @@ def _load(module_name: str):
     return importlib.import_module(f"trainverify_dsl.cli.{module_name}")
 
 
+def _quiet_torch() -> None:
+    """torch logs a traceback at ERROR level (on stderr) whenever an op fails on fake
+    tensors, before raising the error; the lowering and the tracer catch those errors and
+    report them as located diagnostics, so the log is noise in the tool's output (a piped
+    `tvp lint --spec` printed pages of it for a plan with one diagnostic)."""
+    import logging
+
+    # a filter, not a level: importing torch later sets its loggers' levels again
+    logging.getLogger("torch._subclasses.fake_tensor").addFilter(
+        lambda record: record.levelno >= logging.CRITICAL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command_in(arguments))
@@ -75,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     module_name, _ = SUBCOMMANDS[args.command]
+    _quiet_torch()
     try:
         return int(_load(module_name).run(args))
     except KeyboardInterrupt:

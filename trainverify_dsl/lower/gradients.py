@@ -30,7 +30,10 @@ statements:
   then leave the product; a ``sum`` loss's scale is the plan's claim about the token count,
   which only the simulation checks;
 - a ``copy``/``all-gather`` whose backward sums a cotangent that is already complete multiplies
-  it by the group size: TVP406 ``collective-mismatch``.
+  it by the group size, and one summing over an axis that splits the value adds the gradients
+  of different pieces: TVP406 ``collective-mismatch``, checked axis by axis. The statements at
+  one point apply one after the other (a repeated ``copy`` sums twice), and so do a
+  parameter's gradient statements (a repeated ``all-reduce`` sums complete gradients).
 
 Ops inside parallel algorithms are not seen (the algorithm's own collectives carry its
 backward and the simulation checks it); an algorithm's input gets, from the algorithm, the
@@ -109,6 +112,8 @@ class _Collective:
     #: axes whose cotangent the backward sums (copy, all-gather), and the statement
     sums: tuple[str, ...]
     statement: Any
+    #: mesh axes splitting the value the statement reads (each rank holds another piece)
+    split: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -136,8 +141,9 @@ class GradientTracker:
            span: Span | None, where: str = "") -> None:
         self.record.append(_Op(out, name, tuple(operands), layout, span, where))
 
-    def collective(self, out: Any, source: Any, sums: tuple[str, ...], statement: Any) -> None:
-        self.record.append(_Collective(out, source, sums, statement))
+    def collective(self, out: Any, source: Any, sums: tuple[str, ...], statement: Any,
+                   split: frozenset[str] = frozenset()) -> None:
+        self.record.append(_Collective(out, source, sums, statement, split))
 
     def algorithm_input(self, out: Any, source: Any, axes: tuple[str, ...],
                         span: Span | None, where: str = "") -> None:
@@ -170,13 +176,23 @@ class GradientTracker:
             mine = cot.get(item.out, {})
             if isinstance(item, _Collective):
                 summed = set(item.sums)
-                # over axes of size 1 the sum is the identity, never a finding
-                if self._real(summed) and not summed & set(mine):
+                # each summed axis must hold a partial sum (over axes of size 1 the sum is
+                # the identity, never a finding)
+                extra = [a for a in item.sums if a in self._real(summed) and a not in mine]
+                pieces = [a for a in extra if a in item.split]
+                complete = [a for a in extra if a not in item.split]
+                shown = f"the backward of `{item.statement.kind} {item.statement.target}`"
+                if pieces:
                     self.findings.append(Finding(
-                        codes_lower.COLLECTIVE_MISMATCH, f"the backward of `{item.statement.kind} "
-                        f"{item.statement.target}` sums a gradient that is already complete "
-                        f"over {', '.join(item.sums)}: it multiplies it by "
-                        f"{math.prod(self.sizes[a] for a in item.sums)}",
+                        codes_lower.COLLECTIVE_MISMATCH, f"{shown} sums over "
+                        f"{', '.join(pieces)} the gradients of different pieces (the value is "
+                        f"split over {', '.join(pieces)}: each rank holds other elements)",
+                        item.statement.origin, str(item.statement.target)))
+                elif complete:
+                    self.findings.append(Finding(
+                        codes_lower.COLLECTIVE_MISMATCH, f"{shown} sums a gradient that is "
+                        f"already complete over {', '.join(complete)}: it multiplies it by "
+                        f"{math.prod(self.sizes[a] for a in complete)}",
                         item.statement.origin, str(item.statement.target),
                         _unsummed_backward(item.statement)))
                 passed = {a: s for a, s in mine.items() if a not in summed}
@@ -269,23 +285,33 @@ class GradientTracker:
     def _check_statements(self, param: str, partial: set[str], applied: list[Any],
                           data_axes: set[str], loss_scale: Fraction, microbatches: int) -> None:
         factor = Fraction(1)
+        # the statements apply in order: an axis a statement reduced is complete for the
+        # next one (a repeated all-reduce sums complete copies)
+        remaining = set(partial)
         for st, axes in applied:
             op = st.op or "sum"
+            before = set(remaining)
+            remaining -= set(axes)
             for axis in axes:
-                if axis == PIPELINE_AXIS:
-                    continue  # only tied parameters get here (the lowering checked)
                 if self.sizes.get(axis) == 1:
                     continue  # one copy, one slice: the reduction is the identity
+                if axis == PIPELINE_AXIS:  # only tied parameters get here (the lowering checked)
+                    if axis not in before and op == "sum":
+                        self._group(codes_lower.COLLECTIVE_MISMATCH, st.origin, "the "
+                                    f"gradients of {{params}} are already summed over {axis}: "
+                                    "summing their copies again multiplies them by "
+                                    f"{self._group_size(param, axis)}", param)
+                    continue
                 if axis in self.split.get(param, set()):
                     self._group(codes_lower.COLLECTIVE_MISMATCH, st.origin, "the gradients of "
                                 f"{{params}} are split over {axis}: reducing them adds the "
                                 "gradients of different slices", param)
-                elif axis not in partial and op == "sum":
+                elif axis not in before and op == "sum":
                     self._group(codes_lower.COLLECTIVE_MISMATCH, st.origin, "the gradients of "
                                 f"{{params}} are already complete over {axis}: summing their "
                                 f"copies multiplies them by {self.sizes[axis]}", param)
             if op == "avg":
-                tensor_axes = [a for a in axes if a in partial and a not in data_axes]
+                tensor_axes = [a for a in axes if a in before and a not in data_axes]
                 if tensor_axes:
                     divisor = math.prod(self._group_size(param, a) for a in tensor_axes)
                     self._group(codes_lower.COLLECTIVE_MISMATCH, st.origin, "the gradients of "

@@ -573,19 +573,20 @@ class _Lowering:
             self.algorithm_inputs.clear()
         else:
             value, lay = self.value(self.stage, source), self.layouts[source]
-            statements = self.binding.collectives_at(point)
-            # the statements at a point apply one after the other: the backward of each
-            # reads the cotangent the next one's backward left (two `copy`s of one value
-            # sum it twice), so each gets its own value between them
-            for i, statement in enumerate(statements):
-                sums = st_sums(statement)
-                out = node if i == len(statements) - 1 else (node, i)
-                self.grads.collective(out, source if i == 0 else (node, i - 1), sums,
-                                      statement)
-            if not statements:
+            if not self.binding.collectives_at(point):
                 self.grads.op(node, MARK, [(source, lay, True)], lay, None)
-        for statement in self.binding.collectives_at(point):
+        statements = self.binding.collectives_at(point)
+        for i, statement in enumerate(statements):
             value, lay = self._collective(value, lay, statement, point)
+            if replaced is None:
+                # the statements at a point apply one after the other: the backward of each
+                # reads the cotangent the next one's backward left (two `copy`s of one value
+                # sum it twice), so each gets its own value between them; the backward sums
+                # over the axes splitting its result too (``split``: different pieces)
+                out = node if i == len(statements) - 1 else (node, i)
+                self.grads.collective(out, source if i == 0 else (node, i - 1),
+                                      st_sums(statement), statement,
+                                      frozenset(lay.shard_axes()))
             if statement.kind in ("copy", "identity"):
                 continue  # the value's layout is unchanged: nothing to blame it for
             causes = self.causes.setdefault(node, {})

@@ -69,10 +69,13 @@ def test_a_changed_plan_is_a_miss(tmp_path: Path, counting: Counting):
     assert len(list(tmp_path.glob("*.json"))) == 2
 
 
-def test_a_plan_text_met_again_is_a_hit(tmp_path: Path, counting: Counting):
+@pytest.mark.parametrize("plan", [PLAN, ROOT / "plans" / "mlp_dp_tp.tvp"],
+                         ids=["plain", "templates"])
+def test_a_plan_text_met_again_is_a_hit(tmp_path: Path, counting: Counting, plan: Path):
     """A search gives plans as text: each ``api.check`` writes a new temporary file, so the
-    key must not depend on the file's name or on where statements stand."""
-    text = PLAN.read_text()
+    key must not depend on the file's name or on where statements stand (nor on the
+    template-expansion notes, which name the file of the `apply`)."""
+    text = plan.read_text()
     first = api.check(text, base_dir=ROOT / "plans", cache_dir=tmp_path)
     again = api.check(text, base_dir=ROOT / "plans", cache_dir=tmp_path)
     assert first.verdict == again.verdict == "verified" and counting.calls == 1
@@ -82,7 +85,7 @@ def test_a_plan_text_met_again_is_a_hit(tmp_path: Path, counting: Counting):
     shifted = api.check(moved, base_dir=ROOT / "plans", cache_dir=tmp_path)
     assert shifted.cached and counting.calls == 1
     # and the file checked by its path meets the same proof
-    assert api.check_file(PLAN, cache_dir=tmp_path).cached and counting.calls == 1
+    assert api.check_file(plan, cache_dir=tmp_path).cached and counting.calls == 1
     assert len(list(tmp_path.glob("*.json"))) == 1
 
 

@@ -5,10 +5,11 @@ SHA-256 of both: the pair's contents (the reference ``Program``, the ``ParallelP
 recipe, the integer inputs and the drawn witness of any ordering, serialised with ``pickle``
 — every field, so a change anywhere is a different key) and the checker's fingerprint (the
 package version, the z3 version and the source text of ``check/`` and ``ir/``, the code a
-proof runs through). Source spans are left out of the key (every ``Span`` pickles as one
-placeholder): where a statement stands says where to report, not what is proven, so a plan
-given as text (a new temporary file each time), moved to another folder, or edited only in
-its comments and line breaks meets its proof again. Only ``proven`` results are stored: a
+proof runs through). Source positions are left out of the key (every ``Span`` and every
+element's ``Source``, with its template-expansion notes, pickles as one placeholder): where a
+statement stands says where to report, not what is proven, so a plan given as text (a new
+temporary file each time), moved to another folder, or edited only in its comments and line
+breaks meets its proof again. Only ``proven`` results are stored: a
 counterexample comes from the numeric pre-check, which runs every time, and an inconclusive
 one may be decided with a larger limit. An entry that cannot be read is a miss.
 
@@ -34,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from trainverify_dsl.ir.parallel import Source
 from trainverify_dsl.report.span import Span
 
 #: the format of an entry; part of the fingerprint
@@ -83,11 +85,13 @@ def _arrays(values: Any) -> list[tuple[str, str, tuple[int, ...], bytes]]:
 
 
 class _WithoutSpans(pickle.Pickler):
-    """Pickles every ``Span`` as the same placeholder (the key ignores source positions)."""
+    """Pickles every ``Span`` and every ``Source`` (a span, the statement's span and the
+    template-expansion notes, which name files) as one placeholder: the key ignores where
+    statements stand."""
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, Span):
-            return str, ("<span>",)
+        if isinstance(obj, (Span, Source)):
+            return str, ("<source>",)
         return NotImplemented
 
 

@@ -181,3 +181,21 @@ def test_a_failing_fake_op_leaves_no_torch_log_on_stderr(tmp_path) -> None:
     assert run.returncode == 1, run.stdout + run.stderr
     assert "TVP408" in run.stdout and "row-parallel-linear" in run.stdout
     assert run.stderr == "", run.stderr[:2000]
+
+
+def test_gradient_statements_that_do_not_sum(tmp_path) -> None:
+    """op=max on a gradient statement (found by the fuzz of tvp check: the tied copies'
+    gradients maxed, reported only at the next statement by the simulation), and a sum over
+    the data axis before the plan's average (the sequence-parallel norm's `over tp, dp`: the
+    later average divides nothing, so the gradient is dp times too large, blamed on the
+    statement that summed)."""
+    found, message = _lint_variant(tmp_path, "llama_tiny_tied.tvp",
+                                   "all-reduce grad(embed.weight) over pp\n",
+                                   "all-reduce grad(embed.weight) over pp op=max\n")
+    line = _line("llama_tiny_tied.tvp", "all-reduce grad(embed.weight) over pp")
+    assert ("TVP406", line) in found and "op=max does not synchronise" in message, found
+    found, message = _lint_variant(tmp_path, "mlp_dp_tp.tvp", "split fc1.out [dp, tp]\n",
+                                   "split fc1.out [dp, tp]\nall-reduce grad(fc1.bias) over dp\n")
+    line = _line("mlp_dp_tp.tvp", "split fc1.out") + 1
+    assert found == [("TVP411", line)], found
+    assert "come out 2 times the spec's" in message

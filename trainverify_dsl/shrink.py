@@ -349,7 +349,27 @@ def plan_divisibilities(plan: Plan, binding: Any, points: Mapping[str, tuple[int
                 if shape is not None and d is not None and -len(shape) <= d < len(shape):
                     rules.append(_rule(shape[d], axes(st.axes), probe, primes,
                                        source=f"{st.kind} {point} dimension {d}"))
+    for point, d, names, zigzag in algorithm_needs(binding):
+        shape = points.get(point)
+        if shape is not None and -len(shape) <= d < len(shape) and axes(names):
+            chunks = ((ZIGZAG_CHUNKS, 2),) if zigzag else ()
+            rules.append(_rule(shape[d], axes(names) + chunks, probe, primes,
+                               source=f"algorithm at {point} dimension {d}"))
     return [r for r in rules if r.axes and r.members()]
+
+
+def algorithm_needs(binding: Any) -> list[tuple[str, int, tuple[str, ...], bool]]:
+    """What the plan's algorithms need divided (``lower.algorithms.Algorithm.needs``)."""
+    from trainverify_dsl.lower.algorithms import ALGORITHMS
+
+    out = []
+    for statement, paths in binding.algorithms:
+        definition = ALGORITHMS.get(statement.name)
+        if definition is None:
+            continue
+        for module in paths:
+            out += definition.needs(statement, module)
+    return out
 
 
 def _rule(size: int, axes: tuple[tuple[str, int], ...], probe: Mapping[str, int],
@@ -476,6 +496,7 @@ def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) 
                         input_sizes(plan))
     points = {p for p, sts in binding.point_collectives.items()
               if any(d is not None for st in sts for d in (st.dim, st.split_dim, st.concat_dim))}
+    points |= {point for point, _, _, _ in algorithm_needs(binding)}
     shapes = point_shapes(fake, specs, points) if points else {}
     rules = plan_divisibilities(plan, binding, shapes, probe, primes)
     least = {w: lowest(config) for w, _, lowest in bounds if w in full}

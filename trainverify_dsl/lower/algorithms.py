@@ -225,6 +225,12 @@ class Algorithm:
     #: replaces the loss computation after the named module (the output head)
     replaces: str
     lower: Lower
+    #: the divisibilities its code needs beyond the plan's splits, for the shrinking rule
+    #: (``shrink.plan_divisibilities``): ``(point, dimension, axes, zigzag)`` per module it
+    #: is applied to: that dimension of the value at ``point`` is cut into blocks over
+    #: ``axes`` (and each block into two chunks when ``zigzag``)
+    needs: Callable[[Any, str], list[tuple[str, int, tuple[str, ...], bool]]] = \
+        lambda statement, module: []
 
 
 # -- inlining ------------------------------------------------------------------------------
@@ -474,7 +480,10 @@ def _data_ancestor(cx: Context, region: set[torch.fx.Node]) -> torch.fx.Node | N
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("vocab-parallel-embedding", "§7.1", "module", _lower_vocab_embedding),
     Algorithm("vocab-parallel-cross-entropy", "§7.2", "loss", _lower_vocab_cross_entropy),
-    Algorithm("context-parallel-attention", "§7.4", "module", _lower_context_parallel),
+    Algorithm("context-parallel-attention", "§7.4", "module", _lower_context_parallel,
+              # its own `order=` cuts each rank's positions, whatever the data's layout says
+              lambda st, module: [(f"{module}.in", 1, st.axes,
+                                   dict(st.options).get("order") == "zigzag")]),
     Algorithm("expert-parallel", "§7.5", "module", _lower_expert_parallel),
     Algorithm("row-parallel-linear", "§7.6", "module", _lower_row_parallel),
 )}

@@ -288,10 +288,19 @@ class GradientTracker:
         # the statements apply in order: an axis a statement reduced is complete for the
         # next one (a repeated all-reduce sums complete copies)
         remaining = set(partial)
+        reducer = None  # the statement that reduced the data axes (a scale mismatch's place)
         for st, axes in applied:
             op = st.op or "sum"
             before = set(remaining)
             remaining -= set(axes)
+            if reducer is None and set(axes) & before & data_axes:
+                reducer = st.origin
+            if op not in ("sum", "avg"):
+                self._group(codes_lower.COLLECTIVE_MISMATCH, st.origin, f"op={op} does not "
+                            "synchronise the gradients of {params}: the gradients of the "
+                            "copies and pieces add up (op=sum, or op=avg over data ranks)",
+                            param)
+                continue
             for axis in axes:
                 if self.sizes.get(axis) == 1:
                     continue  # one copy, one slice: the reduction is the identity
@@ -317,7 +326,9 @@ class GradientTracker:
                     self._group(codes_lower.COLLECTIVE_MISMATCH, st.origin, "the gradients of "
                                 f"{{params}} are partial sums over {', '.join(tensor_axes)}: "
                                 f"op=avg divides them by {divisor}", param)
-                factor /= math.prod(self._group_size(param, a) for a in axes)
+                # an average over an axis where the gradient is already complete averages
+                # equal copies: it divides nothing
+                factor /= math.prod(self._group_size(param, a) for a in axes if a in before)
         data = sorted(a for a in partial if a in data_axes)
         reduced = {a for _, axes in applied for a in axes}
         if not set(data) <= reduced or not self._scale_checked:
@@ -344,7 +355,7 @@ class GradientTracker:
         total = factor * loss_scale * microbatches * ranks
         if total != 1:
             origin, help = self._scale_at_fault(applied, factor * ranks, loss_scale,
-                                                microbatches)
+                                                microbatches, reducer)
             self._group(codes_lower.LOSS_SCALE_MISMATCH,
                         origin, f"the gradients of {{params}} come out "
                         f"{total} times the spec's: the reduction's factor {factor} x "
@@ -353,14 +364,16 @@ class GradientTracker:
                         help)
 
     def _scale_at_fault(self, applied: list[Any], reduction: Fraction, loss_scale: Fraction,
-                        microbatches: int) -> tuple[Any, str | None]:
+                        microbatches: int, reducer: Any = None) -> tuple[Any, str | None]:
         """Where a §4.7 mismatch is reported. The reductions are at fault when the loss scale
         already undoes the microbatch sum (``loss-scale x microbatches = 1``): the
         last gradient statement. Else, when the reductions average over the data ranks
         (their factor x data ranks = 1), the loss scale is: its statement, or, when there is
         none, the ``microbatches`` statement it should follow. Else both deviate: the
-        reductions, whose line the user changes most often."""
-        statement = applied[-1][0].origin if applied else None
+        reductions, whose line the user changes most often. The reductions' place is the
+        statement that reduced the data axes (``reducer``; a later average over them divides
+        complete gradients by nothing), else the last gradient statement."""
+        statement = reducer or (applied[-1][0].origin if applied else None)
         if loss_scale * microbatches == 1 or reduction != 1:
             return statement, None
         needed = Fraction(1, microbatches)

@@ -321,3 +321,29 @@ def test_a_plan_without_a_spec_is_a_located_error(tmp_path: Path,
     assert main(["check", str(plan)]) == 1
     assert main(["simulate", str(plan)]) == 1
     assert f"{plan}:1:1: error" in capsys.readouterr().out
+
+
+def test_a_plan_the_shrunk_lowering_cannot_compute_is_its_full_size_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A row-parallel weight also split over dp: the full-size layout pass reports TVP408 at
+    the `apply`; the shrunk lowering then failed an internal shape check whose finding had no
+    code, and every output format of `tvp check` crashed on it (found by the fuzz of tvp
+    check). Now the verdict carries the full-size errors, in every format."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    template = (root / "stdlib" / "megatron.tvp").read_text()
+    old = "template row_parallel_bias(m, axis=tp):\n    split m.weight [-, axis]\n"
+    assert old in template
+    (tmp_path / "megatron.tvp").write_text(template.replace(
+        old, "template row_parallel_bias(m, axis=tp):\n    split m.weight [dp, axis]\n"))
+    shutil.copytree(root / "stdlib" / "models", tmp_path / "stdlib" / "models")
+    plan = tmp_path / "p.tvp"
+    plan.write_text((root / "plans" / "mlp_dp_tp.tvp").read_text().replace(
+        'use "stdlib/megatron.tvp"', 'use "megatron.tvp"'))
+    verdict = check_file(plan)
+    assert verdict.verdict == ERROR
+    assert [d.code.id for d in verdict.diagnostics] == ["TVP408"]
+    for fmt in ("text", "json", "sarif", "github"):
+        assert main(["check", "--format", fmt, str(plan)]) == 1
+    assert "Traceback" not in capsys.readouterr().out

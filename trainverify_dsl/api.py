@@ -389,7 +389,9 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
             lowered = full_size if full_size is not None and not shrunk and not idle and \
                 not marked else lower(setup.plan, setup.fake_model, setup.fake_inputs, marked)
     except LoweringError as error:
-        if not shrunk or errors:
+        if errors:  # the full-size plan's own errors say what is wrong, where
+            raise SimulationSetupError(findings) from None
+        if not shrunk:
             raise
         message = "; ".join(f.message for f in error.findings)
         raise ShrinkingLostDivisibility(f"the plan lowers at full size but not at the shrunk "

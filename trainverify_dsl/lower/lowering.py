@@ -513,8 +513,10 @@ class _Lowering:
             else None
         if expected is not None and got is not None and tuple(expected) != got:
             raise LoweringError(Finding(
-                "layout", f"internal: {name} produced local shape {got}, its layout "
-                f"{lay.describe()} needs {tuple(expected)}", self.current_cause, self._where()))
+                codes_lower.LAYOUT_MISMATCH, f"{name} in {self._where()} cannot be computed "
+                f"on the local pieces: it produced local shape {got} where its layout "
+                f"{lay.describe()} needs {tuple(expected)}", self.current_cause,
+                self._where()))
 
     def _ordinary(self, node: torch.fx.Node, name: str) -> tuple[torch.fx.Node, Any]:
         rule = RULES.get(name)

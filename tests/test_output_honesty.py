@@ -177,13 +177,16 @@ def test_simulate_missing_plan(capsys, tmp_path: Path) -> None:
     assert [f["code"] for f in document["findings"]] == ["TVP109"]
 
 
-def test_simulate_plan_without_a_spec_is_a_usage_error(capsys, tmp_path: Path) -> None:
+def test_simulate_plan_without_a_spec_is_a_located_error(capsys, tmp_path: Path) -> None:
+    """A plan without a `spec` line is a fault of the plan (TVP504 at its first line, exit 1),
+    not a usage error without a place."""
     plan = tmp_path / "nospec.tvp"
     plan.write_text("plan nospec\nmesh dp=2\n", encoding="utf-8")
-    status, document, err = simulate_json(capsys, str(plan))
+    status, document, _ = simulate_json(capsys, str(plan))
     assert set(document) == SIMULATE_KEYS
-    assert (status, document["verdict"], document["agrees"]) == (2, "usage-error", False)
-    assert "spec" in document["error"] and err.startswith("tvp simulate: ")
+    assert (status, document["verdict"], document["agrees"]) == (1, "errors", False)
+    (finding,) = document["findings"]
+    assert (finding["code"], finding["span"]["line"]) == ("TVP504", 1)
 
 
 def test_lint_spec_is_quiet_on_stderr_for_a_clean_plan() -> None:

@@ -184,9 +184,13 @@ def test_a_plan_optimizer_without_a_spec_recipe_cannot_agree(tmp_path: Path) -> 
 
 
 def test_a_spec_recipe_without_a_plan_optimizer_cannot_agree(tmp_path: Path) -> None:
-    result = _simulate(tmp_path, "spec-optimizer sgd lr=0.1", "")
-    assert not result.agrees
-    assert any("no `optimizer` statement" in m.detail for m in result.mismatches)
+    """`tvp lint` sees it first (TVP280 at the `spec-optimizer`), so the simulation stops
+    with that diagnostic."""
+    from trainverify_dsl.api import SimulationSetupError
+
+    with pytest.raises(SimulationSetupError) as error:
+        _simulate(tmp_path, "spec-optimizer sgd lr=0.1", "")
+    assert [(d.code.id, d.span.line) for d in error.value.diagnostics] == [("TVP280", 3)]
 
 
 def test_a_malformed_recipe_is_a_lint_diagnostic_at_its_line(tmp_path: Path) -> None:

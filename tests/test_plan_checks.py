@@ -327,3 +327,18 @@ def test_algorithm_without_options_says_so() -> None:
     assert diagnostic.message == ("unknown option 'top': algorithm expert-parallel takes no "
                                   "options")
     assert diagnostic.span.line == 4 and diagnostic.span.col == 43
+
+
+def test_a_spec_optimizer_without_an_optimizer_is_found_at_the_spec_optimizer(
+        tmp_path: Path) -> None:
+    """The reference step updates the parameters and the plan does not: TVP280 at the
+    `spec-optimizer` line, with the statement to add (the fuzz of tvp check found simulate
+    and check reporting the difference with no plan line)."""
+    text = ('plan demo\nspec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1\n'
+            "spec-optimizer adamw lr=3e-4 weight-decay=0.1\nmesh dp=2\nsplit x [dp, -]\n"
+            "split target [dp, -]\nall-reduce grad(params) over dp op=avg\n")
+    (found,) = lint_files(tmp_path, {"main.tvp": text})
+    assert (found.code.id, found.span.line) == ("TVP280", 3)
+    assert found.help == "add `optimizer adamw lr=0.0003 weight-decay=0.1`"
+    fixed = lint_files(tmp_path, {"main.tvp": text + "optimizer adamw lr=3e-4 weight-decay=0.1\n"})
+    assert "TVP280" not in codes_of(fixed)

@@ -3,8 +3,10 @@
 Every hyper-parameter is compared with the defaults filled in (``vocab.OPTIMIZER_DEFAULTS``,
 torch.optim's), so ``adamw lr=3e-4`` and ``adamw lr=3e-4 weight-decay=0.01`` are the same
 recipe. A difference is an error at the ``optimizer`` line: the simulation would show it as
-different updates, and no proof can hold. An ``optimizer`` with no ``spec-optimizer`` is well
-formed; ``tvp simulate`` refuses to call it agreeing (its update is compared with nothing).
+different updates, and no proof can hold. So is a ``spec-optimizer`` the plan implements with
+no ``optimizer`` statement (reported at the ``spec-optimizer``). An ``optimizer`` with no
+``spec-optimizer`` is well formed; ``tvp simulate`` refuses to call it agreeing (its update is
+compared with nothing).
 """
 
 from __future__ import annotations
@@ -68,6 +70,11 @@ def _clip_problems(plan: Plan) -> list[Diagnostic]:
 
 def _optimizer_problems(plan: Plan) -> list[Diagnostic]:
     mine, ref = plan.optimizer, plan.spec_optimizer
+    if mine is None and ref is not None:
+        hyper = " ".join(f"{k}={_show(v)}" for k, v in ref.hyper)
+        return [messages.at(codes.OPTIMIZER_DIFFERS, f"the spec's step updates the parameters "
+                            f"with {ref.kind}, but the plan has no `optimizer` statement",
+                            ref.origin, help=f"add `optimizer {ref.kind} {hyper}`".rstrip())]
     if mine is None:
         return []
     if ref is None:

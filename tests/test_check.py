@@ -329,18 +329,9 @@ def test_a_plan_the_shrunk_lowering_cannot_compute_is_its_full_size_error(
     the `apply`; the shrunk lowering then failed an internal shape check whose finding had no
     code, and every output format of `tvp check` crashed on it (found by the fuzz of tvp
     check). Now the verdict carries the full-size errors, in every format."""
-    import shutil
+    from test_plan_support import row_parallel_weight_over_dp
 
-    root = Path(__file__).resolve().parents[1]
-    template = (root / "stdlib" / "megatron.tvp").read_text()
-    old = "template row_parallel_bias(m, axis=tp):\n    split m.weight [-, axis]\n"
-    assert old in template
-    (tmp_path / "megatron.tvp").write_text(template.replace(
-        old, "template row_parallel_bias(m, axis=tp):\n    split m.weight [dp, axis]\n"))
-    shutil.copytree(root / "stdlib" / "models", tmp_path / "stdlib" / "models")
-    plan = tmp_path / "p.tvp"
-    plan.write_text((root / "plans" / "mlp_dp_tp.tvp").read_text().replace(
-        'use "stdlib/megatron.tvp"', 'use "megatron.tvp"'))
+    plan = row_parallel_weight_over_dp(tmp_path)
     verdict = check_file(plan)
     assert verdict.verdict == ERROR
     assert [d.code.id for d in verdict.diagnostics] == ["TVP408"]

@@ -161,21 +161,12 @@ def test_a_failing_fake_op_leaves_no_torch_log_on_stderr(tmp_path) -> None:
     """An algorithm whose code fails on the plan's local shapes is one located diagnostic;
     torch's own ERROR log of the failed fake op (a traceback) is not printed (found by the
     fuzz of tvp check: `tvp lint --spec` printed pages of it)."""
-    import shutil
     import subprocess
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    template = (root / "stdlib" / "megatron.tvp").read_text()
-    old = "template row_parallel_bias(m, axis=tp):\n    split m.weight [-, axis]\n"
-    assert old in template
-    (tmp_path / "megatron.tvp").write_text(template.replace(
-        old, "template row_parallel_bias(m, axis=tp):\n    split m.weight [dp, axis]\n"))
-    shutil.copytree(root / "stdlib" / "models", tmp_path / "stdlib" / "models")
-    plan = (root / "plans" / "mlp_dp_tp.tvp").read_text().replace(
-        'use "stdlib/megatron.tvp"', 'use "megatron.tvp"')
-    (tmp_path / "p.tvp").write_text(plan)
+    from test_plan_support import row_parallel_weight_over_dp
+
+    row_parallel_weight_over_dp(tmp_path)
     run = subprocess.run([sys.executable, "-m", "trainverify_dsl", "lint", "--spec", "p.tvp"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert run.returncode == 1, run.stdout + run.stderr

@@ -39,3 +39,22 @@ def lint_files(directory: Path, files: dict[str, str], main: str = "main.tvp"):
 def codes_of(result: ResolveResult | tuple[Diagnostic, ...]) -> list[str]:
     diagnostics = result.diagnostics if isinstance(result, ResolveResult) else result
     return [d.code.id for d in diagnostics]
+
+
+def row_parallel_weight_over_dp(directory: Path) -> Path:
+    """``mlp_dp_tp`` with a copy of ``stdlib/megatron.tvp`` whose row-parallel weight is also
+    split over dp (the models copied beside it): a plan whose algorithm cannot run on its
+    local shapes. Returns the plan's path (``directory/p.tvp``)."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    template = (root / "stdlib" / "megatron.tvp").read_text()
+    old = "template row_parallel_bias(m, axis=tp):\n    split m.weight [-, axis]\n"
+    assert old in template
+    (directory / "megatron.tvp").write_text(template.replace(
+        old, "template row_parallel_bias(m, axis=tp):\n    split m.weight [dp, axis]\n"))
+    shutil.copytree(root / "stdlib" / "models", directory / "stdlib" / "models")
+    plan = directory / "p.tvp"
+    plan.write_text((root / "plans" / "mlp_dp_tp.tvp").read_text().replace(
+        'use "stdlib/megatron.tvp"', 'use "megatron.tvp"'))
+    return plan

@@ -239,11 +239,12 @@ class Algorithm:
 def inline(cx: Context, fn: Callable[..., Any], inputs: list[Any]) -> Any:
     """Trace ``fn`` on the fake values of ``inputs`` and emit its ops into the current stage;
     the result is the node ``fn``'s tensor becomes (or a tuple of them, ``None`` kept)."""
-    from torch._decomp import core_aten_decompositions
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from trainverify_dsl.spec.trace import decompositions
+
     values = [n.meta["val"] for n in inputs]
-    table = dict(core_aten_decompositions())
+    table = decompositions()  # the table both programs use (spec/trace.py)
     # Core ATen decomposes detach into alias, which is differentiable once AOTAutograd traces
     # the local program: keep detach (the vocab-parallel max must not carry a gradient).
     table.pop(torch.ops.aten.detach.default, None)

@@ -8,8 +8,9 @@ into ``X`` goes through it, docs/semantics.md Rule 3.1; further floating-point a
 through ``mark(y, "X.out")`` (``spec/marks.py``, shared with the spec tracer). Marks are
 identities; the rewrite replaces each by the plan's collectives at that point.
 
-The capture runs on fake tensors (``torch.export`` non-strict, then Core-ATen decompositions),
-so a full-size model costs no memory.
+The capture runs on fake tensors (``torch.export`` non-strict, then the decompositions the
+reference step's forward gets too, ``spec.trace.decompositions``), so a full-size model costs
+no memory.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from trainverify_dsl.spec.marks import MARK, install_marks  # noqa: F401 (MARK re-exported)
-from trainverify_dsl.spec.trace import canonical_names
+from trainverify_dsl.spec.trace import canonical_names, decompositions
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +44,6 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
                     marked: Iterable[str]) -> Captured:
     """The Core-ATen forward graph of ``model(**inputs)`` with ``marked`` modules' inputs and
     outputs marked. ``inputs`` are fake tensors in forward-argument order."""
-    from torch._decomp import core_aten_decompositions, get_decompositions
-
     marked = sorted(set(marked))
     handles = install_marks(model, marked)
     try:
@@ -53,10 +52,8 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
     finally:
         for handle in handles:
             handle.remove()
-    table = dict(core_aten_decompositions())
-    # as the spec tracer does: layer norm as its arithmetic, so layouts propagate through it
-    table.update(get_decompositions([torch.ops.aten.native_layer_norm]))
-    exported = exported.run_decompositions(table)
+    # the reference step's table (spec/trace.py): both forwards decomposed alike
+    exported = exported.run_decompositions(decompositions())
     signature = exported.graph_signature
     data_names = list(inputs)
     placeholders: dict[str, tuple[str, str]] = {}

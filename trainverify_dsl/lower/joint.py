@@ -24,6 +24,7 @@ import torch
 from trainverify_dsl.ir.graph import Graph
 from trainverify_dsl.lower.lowering import Lowered, Slot, StageProgram
 from trainverify_dsl.spec.fx_import import import_joint
+from trainverify_dsl.spec.trace import decompositions as shared_decompositions
 
 _KIND = {"param": "param", "buffer": "buffer", "data": "data", "coord": "data",
          "recv": "activation", "denominator": "data"}
@@ -49,7 +50,6 @@ def _differentiable(slot: Slot, value: torch.Tensor) -> bool:
 
 def stage_joint(lowered: Lowered, stage: StageProgram) -> Graph:
     """The IR graph of one stage's local forward and backward."""
-    from torch._decomp import core_aten_decompositions
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -85,7 +85,7 @@ def stage_joint(lowered: Lowered, stage: StageProgram) -> Graph:
             return f"grad({in_names[desc.grad_of.idx]})"
         return None
 
-    decompositions = dict(core_aten_decompositions())
+    decompositions = shared_decompositions()
     with contextlib.ExitStack() as stack, mode:
         joint = aot_export_joint_with_descriptors(stack, stage.gm, tuple(args),
                                                   decompositions=decompositions)

@@ -2,9 +2,12 @@
 
 Everything runs on fake tensors (``FakeTensorMode``), so a 405B-parameter model costs no
 memory. Each piece is traced with ``torch.export`` (non-strict, which records
-``nn_module_stack`` on every node) and then ``aot_export_joint_with_descriptors`` with
-Core-ATen decompositions (which maps each backward node to its forward node's module path,
-``fwd_nn_module_stack``); attention runs under the math SDPA backend.
+``nn_module_stack`` on every node), its forward decomposed with ``decompositions()`` (Core
+ATen and LayerNorm's arithmetic: the table the plan's stages are captured with,
+``lower/capture.py``), and then differentiated by ``aot_export_joint_with_descriptors``
+(which maps each backward node to its forward node's module path, ``fwd_nn_module_stack``);
+attention runs under the math SDPA backend. Decomposing before differentiating makes every
+backward torch's derivative of the same primitive ops on both sides of a check.
 
 Block reuse: the largest ``nn.ModuleList`` is the block list. The outer model is traced with
 the list replaced by a ``BlockStub`` (cut ops mark the block inputs and the final block output);
@@ -31,6 +34,7 @@ import logging
 import time
 import traceback
 import types
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -131,26 +135,42 @@ def _example_inputs(specs: InputSpecs) -> tuple[torch.Tensor, ...]:
     return tuple(inputs)
 
 
+def decompositions() -> dict[Any, Any]:
+    """The one decomposition table of both programs: Core ATen's, plus LayerNorm as its
+    arithmetic (so layouts propagate through it). The reference step's forward
+    (``_joint``) and each plan stage's forward (``lower/capture.py``) are decomposed with it
+    *before* they are differentiated, and so are the joint graphs and the algorithms'
+    local programs (``lower/joint.py``, ``lower/algorithms.py``): both backwards are then
+    torch's derivatives of the same primitive ops. Two decompositions of one function are
+    equal in value but not in form, and the checker compares forms: with the reference
+    differentiating ``native_layer_norm`` as one op (its fused backward formula) and the
+    plan differentiating LayerNorm's arithmetic, no GPT-2 plan could be proven."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
+
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions([torch.ops.aten.native_layer_norm]))
+    return table
+
+
 def _joint(module: nn.Module, args: tuple[Any, ...], *,
            returns_loss: bool = False) -> torch.fx.GraphModule:
     """The joint forward+backward graph; ``returns_loss`` first checks that ``module``
     returns one scalar floating-point tensor (the loss the backward starts from)."""
-    from torch._decomp import core_aten_decompositions, get_decompositions
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
-    decompositions = dict(core_aten_decompositions())
-    aten = torch.ops.aten
-    decompositions.update(get_decompositions([aten.native_layer_norm,
-                                              aten.native_layer_norm_backward]))
+    table = decompositions()
     # On failure torch.export prints the partial graph to stderr; the error is reported as a
     # diagnostic instead.
     with contextlib.redirect_stderr(io.StringIO()):
         exported = torch.export.export(module, args, strict=False)
     if returns_loss:
         _check_loss_output(exported, module)
+    with warnings.catch_warnings():  # torch's own deprecation notices, not the user's
+        warnings.simplefilter("ignore", FutureWarning)
+        exported = exported.run_decompositions(table)  # as a plan stage's forward is
     with contextlib.ExitStack() as stack:
         joint = aot_export_joint_with_descriptors(stack, exported.module(), args,
-                                                  decompositions=decompositions)
+                                                  decompositions=table)
         return joint.graph_module
 
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 GOLDEN = ROOT / "tests" / "golden" / "parallel"
 SMALL = ("mlp_tiny_dp", "mlp_tiny_zero", "mlp_dp_tp", "llama_tiny_tp", "llama_tiny_sp",
          "llama_tiny_cp", "llama_tiny_cp_zigzag", "deepseek_tiny_ep", "deepseek_tiny_pp",
-         "deepseek_tiny_tp", "llama_tiny_interleaved", "llama_tiny_tied")
+         "deepseek_tiny_tp", "llama_tiny_interleaved", "llama_tiny_tied", "gpt2_tiny_tp")
 
 IMPORT_PURITY = """
 import sys, pkgutil, importlib

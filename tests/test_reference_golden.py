@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 GOLDEN = ROOT / "tests" / "golden" / "reference"
 SMALL = ("mlp_tiny_dp", "mlp_tiny_zero", "mlp_dp_tp", "llama_tiny_tp", "llama_tiny_sp",
-         "llama_tiny_cp", "deepseek_tiny_ep", "deepseek_tiny_pp", "deepseek_tiny_tp")
+         "llama_tiny_cp", "deepseek_tiny_ep", "deepseek_tiny_pp", "deepseek_tiny_tp",
+         "gpt2_tiny_tp")
 
 
 def reference_step(name: str, reuse: bool = True):  # noqa: ANN201 - test helper

@@ -27,6 +27,8 @@ CORRECT = ["mlp_tiny_dp", "mlp_tiny_zero", "llama_tiny_tp", "llama_tiny_sp",
            "llama_tiny_tied",
            # a column-parallel layer with its output gathered (`backward scatter`)
            "mlp_tp_gather_output",
+           # LayerNorm with bias, GELU, learned positions (GPT-2), dp and tp
+           "gpt2_tiny_tp",
            pytest.param("gpt2_3d", marks=pytest.mark.slow),
            # the quick-start plan at full mesh (128 ranks, 4 stages, 16 microbatches, TP+SP,
            # vocab-parallel embedding and cross-entropy, ZeRO-1 AdamW), shrunk widths

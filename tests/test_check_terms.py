@@ -222,6 +222,45 @@ def test_multiplying_out_proves_distributivity() -> None:
     assert Expander().equal(m * t.Poly.sum(xs[:6]), m * t.Poly.sum(xs[1:7])) is None
 
 
+
+def test_sums_only_one_side_holds_multiply_out_while_shared_ones_stay_atoms() -> None:
+    """RoPE's backward in deepseek_tiny_tp: one side holds ``X * S`` with ``S`` a 12-term sum
+    (two 6-term pieces times sin and cos), the other ``X*a*sin + X*b*cos`` with ``a``, ``b``
+    kept as factors. Multiplying out only short sums leaves ``S`` an atom; multiplying out
+    everything also multiplies the large shared ``X``. Expanding the sums one side lacks,
+    with what both share as atoms, proves it."""
+    from trainverify_dsl.check.expand import TooLarge, one_sided_equal
+
+    rng = random.Random(3)
+    big = [t.Poly.sum([t.var(f"g{k}_{i}") * t.var(f"h{k}_{i}") for i in range(40)])
+           for k in range(6)]
+    shared = big[0] * big[1] * big[2] * big[3] * big[4] * big[5]  # 40**6 monomials multiplied out
+    scale = [rng.choice([1, -2, 3]) for _ in range(6)]
+    a = t.Poly.sum([t.var(f"a{i}") * scale[i] for i in range(6)])
+    b = t.Poly.sum([t.var(f"b{i}") for i in range(6)])
+    sin, cos = t.var("sin"), t.var("cos")
+    # the 12-term sum one side holds: a's and b's terms spread, each times sin or cos
+    spread = t.Poly.sum([t.var(f"a{i}") * sin * scale[i] for i in range(6)] +
+                        [t.var(f"b{i}") * cos for i in range(6)])
+    left = shared * spread
+    right = shared * a * sin + shared * b * cos
+    assert left is not right
+    assert len(spread.terms) == 12
+    assert one_sided_equal(left, right, 20_000) is True
+    assert Expander().equal(left, right) is True
+    # a different coefficient, a different variable, a shared factor missing: never equal
+    other = t.Poly.sum([spread, t.var("b0") * cos])  # b0's coefficient 2, not 1
+    assert one_sided_equal(shared * other, right, 20_000) is False
+    assert Expander().equal(shared * other, right) is None
+    assert one_sided_equal(shared * (spread - t.var("b1") * cos + t.var("b1") * sin),
+                           right, 20_000) is False
+    # a shared factor missing on one side: the others are that side's alone, multiplying
+    # them out is past the budget, and the obligation stays undecided
+    with pytest.raises(TooLarge):
+        one_sided_equal(big[0] * spread, right, 20_000)
+    assert Expander().equal(big[0] * spread, right) is None
+
+
 # -- the op encodings ---------------------------------------------------------------------------
 
 

@@ -54,14 +54,22 @@ class Expander:
         difference = a - b
         self._alive.append(difference)
         # first multiply out only short sums (``1 - s``), the long ones (a shared cotangent)
-        # staying atoms by identity; then, deeper, every sum
-        for depth in list(range(1, self.depths + 1)) + [self.depths + 1]:
+        # staying atoms by identity; then every sum only one side has; then every sum
+        for depth in range(1, self.depths + 1):
             try:
                 if not self.expand(difference, depth):
                     return True
             except TooLarge:
                 return None
-        return None
+        try:
+            if one_sided_equal(a, b, self.budget):
+                return True
+        except TooLarge:
+            pass
+        try:
+            return True if not self.expand(difference, self.depths + 1) else None
+        except TooLarge:
+            return None
 
     def _key_of(self, term: Any, depth: int) -> Any:
         if depth < 0 or isinstance(term, (t.Cmp, t.BoolOp)):
@@ -166,3 +174,93 @@ def _merge(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]
         else:
             del powers[atom]
     return tuple(sorted(powers.items()))
+
+
+def _children(x: Any) -> tuple[Any, ...]:
+    if isinstance(x, t.Poly):
+        return tuple(x.terms)
+    if isinstance(x, t.Monomial):
+        return tuple(x.powers)
+    if isinstance(x, (t.App, t.Lattice, t.BoolOp)):
+        return tuple(x.args)
+    if isinstance(x, t.Ite):
+        return (x.cond, x.then, x.other)
+    if isinstance(x, t.Cmp):
+        return (x.poly,)
+    return ()
+
+
+def _reach(x: Any) -> set[int]:
+    """The ids of every sub-term of ``x`` (``x`` included)."""
+    seen: set[int] = set()
+    stack = [x]
+    while stack:
+        y = stack.pop()
+        if id(y) not in seen:
+            seen.add(id(y))
+            stack.extend(_children(y))
+    return seen
+
+
+def one_sided_equal(a: Any, b: Any, budget: int) -> bool:
+    """``a == b`` by multiplying out every sum that only one side holds, each sub-term both
+    sides hold staying one atom by identity (the same object is the same value). So a sum
+    one side keeps as a factor (``x * (p + q)``) meets the other side's spread terms (``x*p +
+    x*q``) whatever their lengths, while the large cotangents both sides share are not
+    expanded. Raises ``TooLarge`` past ``budget`` monomials."""
+    if not isinstance(a, t.Poly) or not isinstance(b, t.Poly):
+        return False
+    shared = _reach(a) & _reach(b)
+    memo: dict[int, Expanded] = {}
+    atoms: dict[Any, int] = {}
+
+    def multiply(x: Expanded, y: Expanded) -> Expanded:
+        if len(x) * len(y) > budget * 4:
+            raise TooLarge
+        out: Expanded = {}
+        for mx, cx in x.items():
+            for my, cy in y.items():
+                m = _merge(mx, my)
+                c = out.get(m, Fraction(0)) + cx * cy
+                if c:
+                    out[m] = c
+                else:
+                    out.pop(m, None)
+        return out
+
+    def atom(f: Any) -> int:
+        if isinstance(f, t.Var):
+            key: Any = ("var", f.name)
+        elif id(f) in shared or not isinstance(f, (t.App, t.Poly)):
+            key = ("id", id(f))
+        elif isinstance(f, t.App):
+            key = ("app", f.fn, tuple(frozenset(expand(x).items()) for x in f.args))
+        else:  # a sum with a negative exponent, keyed by its expansion
+            key = ("sum", frozenset(expand(f).items()))
+        return atoms.setdefault(key, len(atoms))
+
+    def expand(x: Any) -> Expanded:
+        hit = memo.get(id(x))
+        if hit is not None:
+            return hit
+        t.check_deadline()
+        if isinstance(x, t.Poly):
+            out: Expanded = {(): x.const} if x.const else {}
+            for m, c in x.terms.items():
+                _add(out, expand(m), c)
+        elif isinstance(x, t.Monomial):
+            out = {(): Fraction(1)}
+            for f, e in x.powers.items():
+                if e > 0 and isinstance(f, t.Poly) and id(f) not in shared:
+                    for _ in range(e):
+                        out = multiply(out, expand(f))
+                else:
+                    out = multiply(out, {((atom(f), e),): Fraction(1)})
+        else:
+            out = {((atom(x), 1),): Fraction(1)}
+        if len(out) > budget:
+            raise TooLarge
+        memo[id(x)] = out
+        return out
+
+    return expand(a) == expand(b)

@@ -16,10 +16,13 @@ first cancels what the two sides share (``a - b`` in normal form), then expands 
 difference to increasing *depths*: at depth ``k`` a sum nested deeper than ``k`` factors is
 an atom of its own, keyed by identity (the same object is the same value), and so are the
 arguments of deeper atoms; up to depth ``depths`` only short sums (at most ``small`` terms)
-are multiplied out, long ones (a cotangent both sides share) stay atoms; the last depth
-multiplies out everything. The difference expanding to zero at any depth is a proof; a
-budget of monomials bounds every depth (``None``: undecided, the obligation goes to the
-solver or stays open).
+are multiplied out, long ones (a cotangent both sides share) stay atoms. Then
+``one_sided_equal`` multiplies out every sum, whatever its length, that only one side holds,
+each sub-term both sides hold staying one atom by identity (a factored ``x * (p + q)``
+against spread ``x*p + x*q``, with ``x`` a large shared cotangent). The last depth multiplies
+out everything. The difference expanding to zero at any depth, or the two sides' one-sided
+expansions being equal, is a proof; a budget of monomials bounds each (``None``: undecided,
+the obligation goes to the solver or stays open).
 """
 
 from __future__ import annotations

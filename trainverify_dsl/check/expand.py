@@ -109,21 +109,7 @@ class Expander:
         return out
 
     def _multiply(self, x: Expanded, y: Expanded) -> Expanded:
-        if len(x) * len(y) > self.budget * 4:
-            raise TooLarge
-        t.check_deadline()
-        out: Expanded = {}
-        for mx, cx in x.items():
-            for my, cy in y.items():
-                m = _merge(mx, my)
-                c = out.get(m, Fraction(0)) + cx * cy
-                if c:
-                    out[m] = c
-                else:
-                    out.pop(m, None)
-        if len(out) > self.budget:
-            raise TooLarge
-        return out
+        return _product(x, y, self.budget)
 
     def _atom(self, f: Any, depth: int) -> int:
         """The id of an atom: by identity below depth 0, else keyed by its kind and its
@@ -152,6 +138,25 @@ class Expander:
         if atom is None:
             atom = self.atoms[key] = len(self.atoms)
         return atom
+
+
+def _product(x: Expanded, y: Expanded, budget: int) -> Expanded:
+    """``x * y`` multiplied out; ``TooLarge`` past ``budget`` monomials."""
+    if len(x) * len(y) > budget * 4:
+        raise TooLarge
+    t.check_deadline()
+    out: Expanded = {}
+    for mx, cx in x.items():
+        for my, cy in y.items():
+            m = _merge(mx, my)
+            c = out.get(m, Fraction(0)) + cx * cy
+            if c:
+                out[m] = c
+            else:
+                out.pop(m, None)
+    if len(out) > budget:
+        raise TooLarge
+    return out
 
 
 def _add(out: Expanded, x: Expanded, k: Fraction) -> None:
@@ -217,20 +222,6 @@ def one_sided_equal(a: Any, b: Any, budget: int) -> bool:
     memo: dict[int, Expanded] = {}
     atoms: dict[Any, int] = {}
 
-    def multiply(x: Expanded, y: Expanded) -> Expanded:
-        if len(x) * len(y) > budget * 4:
-            raise TooLarge
-        out: Expanded = {}
-        for mx, cx in x.items():
-            for my, cy in y.items():
-                m = _merge(mx, my)
-                c = out.get(m, Fraction(0)) + cx * cy
-                if c:
-                    out[m] = c
-                else:
-                    out.pop(m, None)
-        return out
-
     def atom(f: Any) -> int:
         if isinstance(f, t.Var):
             key: Any = ("var", f.name)
@@ -256,9 +247,9 @@ def one_sided_equal(a: Any, b: Any, budget: int) -> bool:
             for f, e in x.powers.items():
                 if e > 0 and isinstance(f, t.Poly) and id(f) not in shared:
                     for _ in range(e):
-                        out = multiply(out, expand(f))
+                        out = _product(out, expand(f), budget)
                 else:
-                    out = multiply(out, {((atom(f), e),): Fraction(1)})
+                    out = _product(out, {((atom(f), e),): Fraction(1)}, budget)
         else:
             out = {((atom(x), 1),): Fraction(1)}
         if len(out) > budget:

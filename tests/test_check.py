@@ -209,6 +209,18 @@ def test_a_spent_time_limit_is_inconclusive_not_verified() -> None:
     assert "time limit" in verdict.reason
 
 
+def test_a_step_over_the_memory_budget_is_inconclusive_not_an_error() -> None:
+    """A correct plan whose evaluation would exceed the memory budget is not checked: the
+    verdict is inconclusive (exit 3) with TVP501 at the mesh line, never "the plan has
+    errors" (exit 1), which would fail a CI job on a plan nobody showed wrong."""
+    verdict = check_file(ROOT / "plans" / "mlp_tiny_dp.tvp", max_memory=1024)
+    assert verdict.verdict == INCONCLUSIVE
+    assert verdict.exit_code == 3
+    assert verdict.reason.startswith("not checked: ") and "--max-memory" in verdict.reason
+    assert [d.code.id for d in verdict.diagnostics] == ["TVP501"]
+    assert verdict.diagnostics[0].span.line == 11  # `mesh dp=2`
+
+
 def test_the_time_limit_stops_deciding_obligations(monkeypatch: pytest.MonkeyPatch) -> None:
     """Obligations left when the limit passes are open (inconclusive), not skipped as proven:
     the first obligation is decided, then the clock is past the deadline."""

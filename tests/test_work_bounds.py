@@ -80,13 +80,17 @@ def test_the_cli_refuses_a_bomb_without_importing_torch(tmp_path: Path, command:
     path = _write(tmp_path, f"dp={2**22}")
     status, out, (torch_imported, _) = _run_without_torch([command, "--format", "json",
                                                            str(path)])
-    assert status == 1
+    # simulate reports the refusal as an error; for check the plan is neither proven nor
+    # refuted: inconclusive (exit 3), never "the plan has errors"
+    assert status == (1 if command == "simulate" else 3)
     assert not torch_imported
     doc = json.loads(out)
     if command == "simulate":
         found = [(f["code"], f["span"]["line"]) for f in doc["findings"]]
     else:
         found = [(f["code"], f["line"]) for f in doc["plans"][0]["diagnostics"]]
+        assert doc["verdict"] == "inconclusive"
+        assert doc["plans"][0]["reason"].startswith("not checked: ")
     assert found == [("TVP501", 4)]
 
 

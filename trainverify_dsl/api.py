@@ -29,6 +29,7 @@ from trainverify_dsl.lower.findings import LoweringError
 from trainverify_dsl.lower.lowering import Lowered, lower
 from trainverify_dsl.lower.program import parallel_program
 from trainverify_dsl.plan.model import Plan
+from trainverify_dsl.report.codes_run import OVER_BUDGET
 from trainverify_dsl.report.diagnostics import Diagnostic, Severity
 from trainverify_dsl.report.span import Span
 from trainverify_dsl.shrink import without_idle_axes
@@ -264,8 +265,6 @@ def spec_optimizer(plan: Plan) -> optim.Optimizer | None:
 
 def over_budget(plan: Any, need: Estimate, budget: int, shrunk: bool) -> Diagnostic:
     """TVP501 at the ``mesh`` line, with the estimate and what to do."""
-    from trainverify_dsl.report.codes_run import OVER_BUDGET
-
     advice = "raise the budget with --max-memory, or use fewer ranks" if shrunk else \
         "simulate with shrunk widths (the default, without --no-shrink), raise the budget " \
         "with --max-memory, or use fewer ranks"
@@ -515,6 +514,7 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
         INCONCLUSIVE,
         VERIFIED,
         Verdict,
+        refused,
     )
     from trainverify_dsl.simulate.torch_step import ReferenceDisagrees
     from trainverify_dsl.spec.errors import SpecError
@@ -546,6 +546,8 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
     except SimulationSetupError as error:
         verdict.diagnostics = list(error.diagnostics)
         verdict.reason = str(error) if not error.diagnostics else "the plan has errors"
+        if error.diagnostics and all(d.code is OVER_BUDGET for d in error.diagnostics):
+            verdict = refused(str(path), error.diagnostics)  # the work, not the meaning
     except SpecError as error:
         verdict.diagnostics = at_spec_line(list(error.diagnostics), path)
         verdict.reason = "the spec model has errors"

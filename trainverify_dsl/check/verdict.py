@@ -91,3 +91,12 @@ class Verdict:
         if self.verdict == ERROR and self.diagnostics:
             return 1  # the plan has errors: it is wrong, as with a counterexample
         return EXIT[self.verdict]
+
+
+def refused(plan: str, diagnostics: list[Any]) -> Verdict:
+    """A plan not checked because of the work it asks for (TVP501: ranks, microbatches or
+    memory over the limits): neither proven nor refuted, so ``inconclusive`` (exit 3), never
+    "the plan has errors" (the plan may be correct)."""
+    return Verdict(INCONCLUSIVE, plan, diagnostics=list(diagnostics),
+                   reason="not checked: " + "; ".join(d.message for d in diagnostics)
+                   + " (TVP501; --max-memory raises the memory budget)")

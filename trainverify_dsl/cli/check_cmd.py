@@ -88,14 +88,13 @@ def _seconds(text: str) -> float:
 
 def check_one(path: str, args: argparse.Namespace, progress: Any) -> Any:
     """The verdict of one plan; an unexpected exception is an ``error`` verdict."""
-    from trainverify_dsl.check.verdict import ERROR, Verdict
+    from trainverify_dsl.check.verdict import ERROR, Verdict, refused
     from trainverify_dsl.shrink import file_work_refusal
 
     try:
         refusal = file_work_refusal(path)  # from the plan alone, before torch is imported
         if refusal is not None:
-            return Verdict(ERROR, path, reason="the plan asks for more work than the limits",
-                           diagnostics=[refusal])
+            return refused(path, [refusal])
         from trainverify_dsl.api import check_file
 
         return check_file(path, seed=args.seed, timeout=args.timeout,

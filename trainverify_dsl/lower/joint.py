@@ -24,6 +24,7 @@ import torch
 from trainverify_dsl.ir.graph import Graph
 from trainverify_dsl.lower.lowering import Lowered, Slot, StageProgram
 from trainverify_dsl.spec.fx_import import import_joint
+from trainverify_dsl.spec.fx_key import graph_key, relabel
 from trainverify_dsl.spec.trace import decompositions as shared_decompositions
 
 _KIND = {"param": "param", "buffer": "buffer", "data": "data", "coord": "data",
@@ -48,8 +49,21 @@ def _differentiable(slot: Slot, value: torch.Tensor) -> bool:
     return slot.kind in ("param", "recv") and value.is_floating_point()
 
 
-def stage_joint(lowered: Lowered, stage: StageProgram) -> Graph:
-    """The IR graph of one stage's local forward and backward."""
+#: A stage's canonical key (``spec.fx_key``) -> (its forward, its joint graph module).
+JointMemo = dict[Any, tuple[torch.fx.GraphModule, torch.fx.GraphModule]]
+
+
+def stage_joints(lowered: Lowered) -> list[Graph]:
+    """The joint graph of every stage. Stages whose local forwards are the same program (one
+    block per stage, tens of identical blocks) are differentiated once: the others import
+    the same joint graph under their own names and module paths (``spec/fx_key.py``)."""
+    memo: JointMemo = {}
+    return [stage_joint(lowered, st, memo) for st in lowered.stages]
+
+
+def stage_joint(lowered: Lowered, stage: StageProgram, memo: JointMemo | None = None) -> Graph:
+    """The IR graph of one stage's local forward and backward (``memo``: joints already
+    made, by the canonical key of their stage's forward)."""
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -85,9 +99,19 @@ def stage_joint(lowered: Lowered, stage: StageProgram) -> Graph:
             return f"grad({in_names[desc.grad_of.idx]})"
         return None
 
+    kinds = tuple((s.kind, a.requires_grad) for s, a in zip(stage.inputs, args, strict=True))
+    key = None if memo is None else graph_key(stage.gm, kinds,
+                                              tuple(s.kind for s in stage.outputs))
+    if key is not None and key in memo:
+        forward, gm = memo[key]
+        graph = relabel(import_joint(gm, name_input, name_output), forward, stage.gm)
+        if graph is not None:
+            return graph
     decompositions = shared_decompositions()
     with contextlib.ExitStack() as stack, mode:
         joint = aot_export_joint_with_descriptors(stack, stage.gm, tuple(args),
                                                   decompositions=decompositions)
         gm = joint.graph_module
+    if key is not None and memo is not None:
+        memo.setdefault(key, (stage.gm, gm))
     return import_joint(gm, name_input, name_output)

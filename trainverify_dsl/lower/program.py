@@ -34,7 +34,7 @@ from trainverify_dsl.ir.parallel import (
 )
 from trainverify_dsl.ir.types import TensorType
 from trainverify_dsl.lower.findings import Finding, LoweringError
-from trainverify_dsl.lower.joint import input_name, output_name, stage_joint
+from trainverify_dsl.lower.joint import input_name, output_name, stage_joints
 from trainverify_dsl.lower.lowering import Lowered, StageProgram
 from trainverify_dsl.plan.checks import sync_time
 from trainverify_dsl.plan.model import PIPELINE_AXIS, ZIGZAG, Layout, Partial
@@ -293,7 +293,7 @@ def parallel_program(lowered: Lowered, graphs: list[Graph] | None = None) -> Par
     """The whole training step of a lowered plan. Raises ``LoweringError`` for statements
     that have no meaning in it (never drops one)."""
     plan = lowered.plan
-    graphs = graphs or [stage_joint(lowered, st) for st in lowered.stages]
+    graphs = graphs or stage_joints(lowered)
     stages = tuple(_stage(lowered, st, g) for st, g in zip(lowered.stages, graphs, strict=True))
     mesh = lowered.mesh_axes
     pipeline = PIPELINE_AXIS if PIPELINE_AXIS in dict(mesh) else None

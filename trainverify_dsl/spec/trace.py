@@ -53,6 +53,7 @@ from trainverify_dsl.spec.convert import DTYPES
 from trainverify_dsl.spec.cut import ANCHOR, BlockStub
 from trainverify_dsl.spec.errors import SpecError, fail, fail_at, spec_span
 from trainverify_dsl.spec.fx_import import UnsupportedOps, import_joint, user_frame
+from trainverify_dsl.spec.fx_key import graph_key, tensor_key
 from trainverify_dsl.spec.marks import POINT, marks, module_of
 from trainverify_dsl.spec.program import BlockGroup, SpecProgram
 
@@ -156,15 +157,36 @@ def _joint(module: nn.Module, args: tuple[Any, ...], *,
            returns_loss: bool = False) -> torch.fx.GraphModule:
     """The joint forward+backward graph; ``returns_loss`` first checks that ``module``
     returns one scalar floating-point tensor (the loss the backward starts from)."""
-    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+    exported = _export(module, args)
+    if returns_loss:
+        _check_loss_output(exported, module)
+    return _differentiate(exported, args)
 
-    table = decompositions()
+
+def _export(module: nn.Module, args: tuple[Any, ...]) -> Any:
     # On failure torch.export prints the partial graph to stderr; the error is reported as a
     # diagnostic instead.
     with contextlib.redirect_stderr(io.StringIO()):
-        exported = torch.export.export(module, args, strict=False)
-    if returns_loss:
-        _check_loss_output(exported, module)
+        return torch.export.export(module, args, strict=False)
+
+
+def _export_key(exported: Any) -> tuple[Any, ...] | None:
+    """The canonical key of an exported forward (``spec/fx_key.py``): its graph, its
+    signature and the values of its lifted constants; ``None`` when not exactly known."""
+    try:
+        constants = tuple((name, tensor_key(value)) if isinstance(value, torch.Tensor)
+                          else (name, repr(value))
+                          for name, value in sorted(exported.constants.items()))
+    except ValueError:
+        return None
+    return graph_key(exported.graph_module, str(exported.graph_signature), constants)
+
+
+def _differentiate(exported: Any, args: tuple[Any, ...]) -> torch.fx.GraphModule:
+    """An exported forward decomposed with the shared table, then differentiated."""
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+
+    table = decompositions()
     with warnings.catch_warnings():  # torch's own deprecation notices, not the user's
         warnings.simplefilter("ignore", FutureWarning)
         exported = exported.run_decompositions(table)  # as a plan stage's forward is
@@ -381,16 +403,27 @@ def _block_point(relative: str) -> str:
 
 
 def _trace_block(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 marked: tuple[str, ...] = ()) -> tuple[Graph, Graph]:
+                 marked: tuple[str, ...] = (), memo: dict[Any, tuple[Graph, Graph]] | None = None
+                 ) -> tuple[Graph, Graph]:
+    """A block's forward and backward graphs. ``memo``: the graphs of blocks already traced,
+    by the canonical key of their exported forward (``spec/fx_key.py``); a block whose
+    forward exports to an equal key is not decomposed and differentiated again (torch's
+    pipeline gives equal graphs for equal keys; module paths in a block are relative)."""
     tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
     inputs = [tensors[0].detach().requires_grad_(True)] + [t.detach() for t in tensors[1:]]
     with marks(block, marked, _block_point):
-        gm = _joint(_BlockCall(block, args, kwargs), tuple(inputs))
+        exported = _export(_BlockCall(block, args, kwargs), tuple(inputs))
+        key = _export_key(exported)
+        if memo is not None and key is not None and key in memo:
+            return memo[key]
+        gm = _differentiate(exported, tuple(inputs))
     graph = import_joint(gm, _block_input, _block_output, strip="block")
     if "out" not in graph.output_names or graph.value_type(graph.output_value("out")) != \
             graph.inputs[graph.input_index("in.0")].type:
         raise _NoReuse("a block's output type differs from its hidden-state input")
     forward, backward = split_phases(graph, {"grad(out)": 1}, 2)
+    if memo is not None and key is not None:
+        memo[key] = (forward, backward)
     return forward, backward
 
 
@@ -461,12 +494,14 @@ def _trace_pieces(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     groups: dict[Any, str] = {}
     traced: dict[str, tuple[Graph, Graph]] = {}
     layer_graph = []
+    memo: dict[Any, tuple[Graph, Graph]] = {}
     for block, inner in zip(blocks, block_marks, strict=True):
         # Group by block_key (classes, tensor types, every attribute, input types, marked
         # modules); a block the key cannot describe, and every block when exact, is traced
-        # and grouped by its traced graphs themselves.
+        # (exported; decomposed and differentiated unless an equal export was) and grouped
+        # by its traced graphs themselves.
         key = None if exact else block_key(block, in_types)
-        graphs = _trace_block(block, args, kwargs, inner) if key is None else None
+        graphs = _trace_block(block, args, kwargs, inner, memo) if key is None else None
         key = graphs if key is None else (key, inner)
         if key not in groups:
             groups[key] = f"block{len(groups)}"

@@ -1,0 +1,143 @@
+"""Identical blocks are decomposed and differentiated once (``spec/fx_key.py``): the key is
+exact (equal keys for equal programs, different keys for any difference of op, argument,
+shape or constant value), and the graphs reused under it are the graphs a fresh trace gives,
+names and module paths included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_spec_support import check_spec, ir_inputs, random_inputs, torch_reference
+from torch import nn
+
+from trainverify_dsl.spec.fx_key import graph_key
+from trainverify_dsl.spec.trace import _export, _export_key, trace_training_step
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Block(nn.Module):
+    def __init__(self, width: int = 4, scale: float = 2.0, constant: tuple = (1.0, 2.0)
+                 ) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.scale = scale
+        self.constant = list(constant)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = torch.tensor(self.constant, dtype=x.dtype)  # a real constant in the graph
+        return x + torch.tanh(self.fc(x)) * self.scale + c.sum()
+
+
+def _key(block: nn.Module, width: int = 4) -> tuple | None:
+    block = block.double()
+    return _export_key(_export(block, (torch.zeros(2, width, dtype=torch.float64),)))
+
+
+def test_equal_blocks_have_equal_keys_and_any_difference_separates_them() -> None:
+    base = _key(Block())
+    assert base is not None
+    assert _key(Block()) == base  # another instance, other parameter values
+    assert _key(Block(scale=3.0)) != base  # a scalar argument
+    assert _key(Block(constant=(1.0, 3.0))) != base  # a constant's values
+    assert _key(Block(width=6), width=6) != base  # shapes
+
+
+def test_a_graph_the_key_cannot_describe_has_none() -> None:
+    gm = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2)))  # call_module nodes
+    assert graph_key(gm) is None
+
+
+class Scaled(nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x)) * self.scale
+
+
+class Stack(nn.Module):
+    """Blocks equal but for a scalar: exact tracing must keep them apart."""
+
+    def __init__(self, scales: list[float]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Scaled(s) for s in scales)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x.pow(2).sum()
+
+
+@pytest.mark.parametrize("scales,groups", [([2.0, 2.0, 2.0, 2.0], 1), ([2.0, 3.0, 2.0, 3.0], 2)])
+def test_exact_tracing_reuses_only_equal_exports(
+        scales: list[float], groups: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainverify_dsl.spec import trace
+
+    differentiated: list[object] = []
+    original = trace._differentiate
+
+    def counted(*args: object) -> object:
+        differentiated.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(trace, "_differentiate", counted)
+    torch.manual_seed(0)
+    model = Stack(scales).double()
+    specs = {"x": ((2, 4), torch.float64)}
+    args = random_inputs(specs, 1)
+    spec = trace_training_step(model, specs, exact_reuse=True)
+    assert len(spec.groups) == groups
+    assert len(differentiated) == groups + 1  # each distinct block once, and the outer model
+    check_spec(spec, ir_inputs(model, specs, args), torch_reference(model, specs, args))
+
+
+def test_reused_joints_equal_fresh_ones_names_and_module_paths_included(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4-block plan checked as `tvp check` lowers it (one stage per block): the plan's
+    stage graphs and the reference's, built with the memos and without them, are equal, and
+    so is every node's origin (module path, user frame)."""
+    from trainverify_dsl import api
+    from trainverify_dsl.lower import joint
+    from trainverify_dsl.spec import trace
+
+    text = (ROOT / "plans" / "llama_tiny_tp.tvp").read_text(encoding="utf-8")
+    text = text.replace("batch 4 seq 8", "batch 4 seq 8 n_layers 4")
+    text = text.replace('"stdlib/', f'"{ROOT}/stdlib/')
+    path = tmp_path / "four_blocks.tvp"
+    path.write_text(text, encoding="utf-8")
+
+    def build() -> api.Programs:
+        return api.build_programs(path, blocks=True, allow_model_outside_root=True)
+
+    def origins(graph: object) -> list[tuple[str, str, str, str]]:
+        return [(n.origin.module, n.origin.stack, n.origin.phase, n.origin.source)
+                for n in graph.nodes]
+
+    hits: list[bool] = []
+    relabel = joint.relabel
+
+    def counted(*args: object) -> object:
+        out = relabel(*args)
+        hits.append(out is not None)
+        return out
+
+    monkeypatch.setattr(joint, "relabel", counted)
+    memo = build()
+    assert memo.segmented and len(memo.program.stages) == 4
+    assert hits and all(hits)  # the middle blocks' joints were reused
+    monkeypatch.setattr(joint, "graph_key", lambda *args: None)
+    monkeypatch.setattr(trace, "_export_key", lambda exported: None)
+    fresh = build()
+    assert memo.program == fresh.program
+    for a, b in zip(memo.program.stages, fresh.program.stages, strict=True):
+        assert [i.name for i in a.graph.inputs] == [i.name for i in b.graph.inputs]
+        assert origins(a.graph) == origins(b.graph)
+    assert memo.spec.program == fresh.spec.program
+    for (name_a, a), (name_b, b) in zip(memo.spec.program.graphs, fresh.spec.program.graphs,
+                                        strict=True):
+        assert name_a == name_b and origins(a) == origins(b)

@@ -12,7 +12,6 @@ meaning comes from the program; nothing here knows the plan. Values belong to a 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -23,7 +22,6 @@ import numpy as np
 from trainverify_dsl.ir.batched import evaluate_spmd_batched
 from trainverify_dsl.ir.interp import NUMERIC, Domain, evaluate_graph, evaluate_spmd
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout, take_local
-from trainverify_dsl.ir.liveness import peak_live_bytes
 from trainverify_dsl.ir.mesh import MeshGroups
 from trainverify_dsl.ir.parallel import ParallelProgram, ParamUpdate, Stage, Transfer
 
@@ -128,12 +126,6 @@ class _Run:
         total = self.out.grads
         if self.p.loss.count is not None:
             self.denominators = self._denominators()
-        chunk = microbatch_chunk(self.p) if self.spmd is evaluate_spmd_batched and \
-            self.boundaries is None and not timed and not self._has_free_values() else 1
-        if chunk > 1:
-            for first in range(0, self.p.microbatches, chunk):
-                self._chunk(range(first, min(first + chunk, self.p.microbatches)))
-            return self._after_microbatches(step, timed)
         for m in range(self.p.microbatches):
             if timed:
                 self.out.grads = {}
@@ -150,9 +142,6 @@ class _Run:
                     for param, value in acc.items():
                         mine[param] = mine[param] + value if param in mine else value
         self.out.grads = total
-        return self._after_microbatches(step, timed)
-
-    def _after_microbatches(self, step: bool, timed: bool) -> ParallelOutcome:
         if not step:
             return self.out
         if not timed:
@@ -207,63 +196,6 @@ class _Run:
             self.free_values[key] = free(shape, key) if free is not None else \
                 self.free.normal(0.0, 1.0, size=shape)
         return self.free_values[key]
-
-    # -- several microbatches at once (numeric, rank-batched) ------------------------------
-
-    def _has_free_values(self) -> bool:
-        """Whether some receive has no sender (a free value, Rule 5.2: drawn in the order of
-        the microbatch loop, so that loop is kept)."""
-        return any(self.transfers[(st.index, slot.spec)].source is None
-                   for st in self.p.stages for slot in st.inputs if slot.kind == "recv")
-
-    def _chunk(self, ms: range) -> None:
-        """Microbatches ``ms`` at once: each stage's graph runs once on every (microbatch,
-        rank) pair of its ranks, forward over the stages, then backward in reverse; values
-        and gradient contributions are those of the microbatch loop, and contributions are
-        added in its order (microbatch by microbatch, stages in reverse), so the sums are the
-        same floating-point numbers."""
-        sends: list[dict] = [{} for _ in ms]
-        cotangents: list[dict] = [{} for _ in ms]
-        contributions: dict[tuple[int, int], list[tuple[int, str, Any]]] = {}
-        for stage in self.p.stages:
-            self._stage_chunk(stage, ms, sends, cotangents, contributions, forward=True)
-        for stage in reversed(self.p.stages):
-            self._stage_chunk(stage, ms, sends, cotangents, contributions, forward=False)
-        for m in ms:
-            for stage in reversed(self.p.stages):
-                for rank, param, value in contributions.get((m, stage.index), ()):
-                    acc = self.out.grads.setdefault(rank, {})
-                    acc[param] = acc[param] + value if param in acc else value
-
-    def _stage_chunk(self, stage: Stage, ms: range, sends: list[dict], cotangents: list[dict],
-                     contributions: dict, forward: bool) -> None:
-        ranks = self.stage_ranks[stage.index]
-        feeds = [self._feed(stage, r, m, sends[i], cotangents[i])
-                 for i, m in enumerate(ms) for r in ranks]
-        if stage.index in self.skip:
-            zeros = {name: self.domain.fill(stage.graph.value_type(value).shape, 0)
-                     for name, value in stage.graph.outputs}
-            outs = [zeros for _ in feeds]
-        else:
-            base = self.groups(ranks)
-
-            def groups(axis: str) -> list[list[int]]:
-                n = len(ranks)
-                return [[i * n + p for p in g] for i in range(len(ms)) for g in base(axis)]
-            outs = self.spmd(stage.graph, feeds, groups)
-        kinds = {s.name: s for s in stage.outputs}
-        for k, out in enumerate(outs):
-            i, r = divmod(k, len(ranks))
-            m, rank = ms[i], ranks[r]
-            for name, value in out.items():
-                slot = kinds[name]
-                if forward:
-                    self._forward_output(slot, rank, m, value, sends[i])
-                elif slot.kind == "grad":
-                    contributions.setdefault((m, stage.index), []).append(
-                        (rank, slot.spec, value))
-                else:
-                    self._backward_output(stage, slot, rank, m, value, cotangents[i])
 
     def _stage(self, stage: Stage, m: int, sends: dict, cotangents: dict,
                forward: bool) -> None:
@@ -441,29 +373,6 @@ class _Run:
                                                   attrs)
                 out.update(zip(group, gathered, strict=True))
         return out
-
-
-#: Live stage values several microbatches at once may add (bytes): the numeric run batches
-#: as many microbatches as fit (``microbatch_chunk``); ``simulate/budget.py`` counts them.
-CHUNK_BYTES = 256 * 2**20
-
-
-def microbatch_chunk(program: ParallelProgram) -> int:
-    """How many microbatches the rank-batched numeric run evaluates at once: all of them,
-    unless their live stage values would exceed ``CHUNK_BYTES`` (at least 1)."""
-    ranks = stage_rank_count(program)
-    one = max((ranks * peak_live_bytes(st.graph) for st in program.stages), default=0)
-    if one <= 0:
-        return program.microbatches
-    return max(1, min(program.microbatches, CHUNK_BYTES // one))
-
-
-def stage_rank_count(program: ParallelProgram) -> int:
-    """The ranks of one pipeline place (every rank without a pipeline)."""
-    sizes = dict(program.mesh)
-    world = math.prod(sizes.values())
-    axis = program.pipeline_axis
-    return world // sizes[axis] if axis is not None and axis in sizes else world
 
 
 def _known_int(value: Any) -> int:

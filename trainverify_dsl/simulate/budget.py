@@ -9,8 +9,7 @@ the estimate, not grow until the machine kills it.
 - **The estimate** of the bytes the interpreter holds, from the lowered program's types
   alone: for each stage, its ranks times the peak of its graph's live values
   (inputs held for the whole call, every other value freed after its last use); the largest
-  stage (stages run one at a time, several microbatches at once:
-  ``ir.execute.microbatch_chunk``); every rank's accumulated gradients and observed values
+  stage (stages run one at a time); every rank's accumulated gradients and observed values
   across microbatches; the global values (parameters, optimizer states, inputs) and the
   reference step's values at the simulated sizes. Rank batching computes values every rank
   holds identically once, which the estimate does not count on. Measured on
@@ -26,9 +25,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from trainverify_dsl.ir.execute import microbatch_chunk, stage_rank_count
-from trainverify_dsl.ir.liveness import peak_live_bytes
-from trainverify_dsl.ir.liveness import value_bytes as _bytes
+from trainverify_dsl.ir.graph import Graph
 from trainverify_dsl.ir.parallel import ParallelProgram
 from trainverify_dsl.ir.program import Program
 from trainverify_dsl.ir.types import TensorType
@@ -71,6 +68,34 @@ def human(n: float) -> str:
 # -- the estimate ----------------------------------------------------------------------------
 
 
+def _bytes(t: TensorType) -> int:
+    """The interpreter computes in float64 and int64 (``ir/types.py``): 8 bytes an element."""
+    return 8 * max(t.numel, 1)
+
+
+def peak_live_bytes(graph: Graph) -> int:
+    """The most bytes one evaluation of ``graph`` holds at once: its inputs throughout, each
+    other value from its definition to its last use (outputs to the end)."""
+    n_in = len(graph.inputs)
+    last: dict[int, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last[v] = i
+    for _, v in graph.outputs:
+        last[v] = len(graph.nodes)
+    live = sum(_bytes(g.type) for g in graph.inputs)
+    peak = live
+    for i, node in enumerate(graph.nodes):
+        live += _bytes(node.type)
+        peak = max(peak, live)
+        for v in set(node.inputs):
+            if v >= n_in and last.get(v) == i:
+                live -= _bytes(graph.value_type(v))
+        if last.get(n_in + i) is None:  # never used: freed at once
+            live -= _bytes(node.type)
+    return peak
+
+
 @dataclass(frozen=True, slots=True)
 class Estimate:
     ranks: int
@@ -97,10 +122,9 @@ def estimate(program: ParallelProgram, global_values: Iterable[TensorType],
     """The estimate of the module docstring, in bytes."""
     sizes = dict(program.mesh)
     world = math.prod(sizes.values())
-    stage_ranks = stage_rank_count(program)
-    # the numeric run evaluates ``microbatch_chunk`` microbatches of a stage at once
-    stages = microbatch_chunk(program) * max(
-        (stage_ranks * peak_live_bytes(s.graph) for s in program.stages), default=0)
+    stage_ranks = world // sizes.get(program.pipeline_axis, 1) if program.pipeline_axis \
+        else world
+    stages = max((stage_ranks * peak_live_bytes(s.graph) for s in program.stages), default=0)
     kept = 0
     for s in program.stages:
         for slot in s.outputs:

@@ -84,6 +84,8 @@ class _Run:
         self.free = np.random.default_rng(FREE_VALUE_SEED)
         self.free_values: dict[tuple[int, str, int, int], np.ndarray] = {}
         self.out = ParallelOutcome()
+        #: (input, layout dims, coordinates it splits by) -> the piece (``_step_input``)
+        self.pieces: dict[tuple[Any, ...], Any] = {}
         #: rank -> the step's token count (``token-mean``, §4.3), before the first microbatch
         self.denominators: dict[int, Any] = {}
 
@@ -177,10 +179,18 @@ class _Run:
 
     def _step_input(self, slot: Any, coords: Mapping[str, int]) -> Any:
         """A slot fed from the step's inputs: the rank's piece of a parameter, buffer or data
-        input, or its coordinate."""
+        input, or its coordinate. A piece is taken once per distinct piece (the coordinates
+        its layout splits by): every microbatch, both sweeps and the replicas along other
+        axes read the same array."""
         if slot.kind == "coord":
             return np.array(coords[slot.spec], dtype=np.int64)
-        return take_local(self.values[slot.spec], slot.layout, coords, self.sizes)
+        axes = sorted({a for dim in slot.layout.dims for f in dim for a in f.axes})
+        key = (slot.spec, slot.layout.dims, tuple(coords[a] for a in axes))
+        piece = self.pieces.get(key)
+        if piece is None:
+            piece = self.pieces[key] = take_local(self.values[slot.spec], slot.layout, coords,
+                                                  self.sizes)
+        return piece
 
     def _received(self, stage: Stage, slot: Any, rank: int, m: int, sends: Mapping) -> Any:
         t = self.transfers[(stage.index, slot.spec)]

@@ -342,9 +342,9 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
                    max_memory: int | None = None, progress: Progress = _quiet,
                    blocks: bool = False, segment: bool = True) -> Programs:
     """The layout pass at full size, then the plan's parallel program and the reference step
-    at the shrunk sizes (``simulate_file`` explains the arguments and errors). ``blocks``
-    (``tvp check``): the reference step is traced block by block (one graph per distinct
-    block, every block traced and compared: ``exact_reuse``) and the plan is lowered with
+    at the shrunk sizes (``simulate_file`` explains the arguments and errors). The reference
+    step is traced block by block (one graph per distinct block, every block traced and
+    compared: ``exact_reuse``). ``blocks`` (``tvp check``): the plan is lowered with
     every block's boundaries marked (identities), so a value crossing stages between blocks
     is known by its point and the proof can be cut there (``check/stages.py``); with
     ``segment`` each stage is also split into one stage per block, on the same ranks
@@ -401,9 +401,10 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
                                         f"findings the full-size plan has not: {message}")
     program = parallel_program(lowered)
     progress("tracing the reference step")
+    # block by block, every block exported and each distinct one differentiated once
+    # (spec/fx_key.py): the same values as one flat trace, a fraction of its cost
     spec = trace_training_step(setup.fake_model, setup.input_specs, reference_opt,
-                               reuse=blocks, exact_reuse=blocks,
-                               points=reference_points(program))
+                               reuse=True, exact_reuse=True, points=reference_points(program))
     need = estimate(program, [g.type for g in spec.program.inputs], spec.program)
     if need.bytes > budget:
         raise SimulationSetupError([over_budget(setup.plan, need, budget, shrunk)])

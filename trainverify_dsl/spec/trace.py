@@ -557,7 +557,9 @@ def trace_training_step(model: nn.Module, input_specs: InputSpecs, optimizer: An
     mode = _fake_mode_of(model)
     try:
         fake = _fakeify(model, mode)
-        # Real tensor constants created in forward (torch.tensor([...])) become IR literals.
+        # Tensors built in forward by factories (torch.linspace, torch.arange) become IR
+        # literals; torch.tensor(data) reads values while tracing: TVP305, with the hint
+        # to register a buffer (tests/test_spec_convert.py).
         allow, mode.allow_non_fake_inputs = mode.allow_non_fake_inputs, True
         try:
             with mode, sdpa_kernel(SDPBackend.MATH), _quiet_torch_logs():

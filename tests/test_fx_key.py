@@ -19,16 +19,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class Block(nn.Module):
-    def __init__(self, width: int = 4, scale: float = 2.0, constant: tuple = (1.0, 2.0)
-                 ) -> None:
+    def __init__(self, width: int = 4, scale: float = 2.0, constant: tuple = (1.0, 2.0),
+                 offset: float = 0.5) -> None:
         super().__init__()
         self.fc = nn.Linear(width, width)
         self.scale = scale
         self.constant = list(constant)
+        self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = torch.tensor(self.constant, dtype=x.dtype)  # a real constant in the graph
-        return x + torch.tanh(self.fc(x)) * self.scale + c.sum()
+        c = torch.tensor(self.constant, dtype=x.dtype)  # real constants in the graph
+        d = torch.tensor(self.offset, dtype=x.dtype)  # 0-d
+        return x + torch.tanh(self.fc(x)) * self.scale + c.sum() + d
 
 
 def _key(block: nn.Module, width: int = 4) -> tuple | None:
@@ -42,6 +44,7 @@ def test_equal_blocks_have_equal_keys_and_any_difference_separates_them() -> Non
     assert _key(Block()) == base  # another instance, other parameter values
     assert _key(Block(scale=3.0)) != base  # a scalar argument
     assert _key(Block(constant=(1.0, 3.0))) != base  # a constant's values
+    assert _key(Block(offset=0.25)) != base  # a 0-d constant's value
     assert _key(Block(width=6), width=6) != base  # shapes
 
 

@@ -39,7 +39,8 @@ def _value(value: Any, index: Mapping[torch.fx.Node, int]) -> Any:
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(_value(v, index) for v in value))
     if isinstance(value, dict):
-        return ("dict", tuple((k, _value(v, index)) for k, v in sorted(value.items())))
+        items = sorted(((repr(k), v) for k, v in value.items()), key=lambda kv: kv[0])
+        return ("dict", tuple((k, _value(v, index)) for k, v in items))
     if isinstance(value, slice):
         return ("slice", _value((value.start, value.stop, value.step), index))
     raise _Opaque(type(value).__name__)
@@ -64,9 +65,12 @@ def tensor_key(value: Any) -> tuple[Any, ...]:
     if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor) or \
             value.device.type == "meta" or value.is_sparse:
         raise _Opaque("a tensor constant without known values")
-    data = value.detach().cpu().contiguous()
-    return (tuple(data.shape), str(data.dtype), data.view(torch.uint8).numpy().tobytes()
-            if data.numel() else b"")
+    try:
+        data = value.detach().cpu().contiguous().reshape(-1)
+        raw = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+    except (RuntimeError, TypeError) as error:  # a dtype numpy cannot hold, a quantized one
+        raise _Opaque(str(error)) from None
+    return (tuple(value.shape), str(value.dtype), raw)
 
 
 def _attr(gm: torch.fx.GraphModule, target: str) -> Any:

@@ -144,3 +144,43 @@ def test_reused_joints_equal_fresh_ones_names_and_module_paths_included(
     for (name_a, a), (name_b, b) in zip(memo.spec.program.graphs, fresh.spec.program.graphs,
                                         strict=True):
         assert name_a == name_b and origins(a) == origins(b)
+
+
+def test_a_second_plan_of_the_model_reuses_every_block_and_equals_a_fresh_trace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memos are the process's (a search loop checks many plans of one model): after one
+    plan, a one-line edit of it (another learning rate) differentiates no block stage and only
+    the reference's outer model, and its programs equal those of a fresh process."""
+    from trainverify_dsl import api
+    from trainverify_dsl.lower import joint
+    from trainverify_dsl.spec import trace
+
+    text = (ROOT / "plans" / "llama_tiny_tp.tvp").read_text(encoding="utf-8")
+    text = text.replace("batch 4 seq 8", "batch 4 seq 8 n_layers 4")
+    text = text.replace('"stdlib/', f'"{ROOT}/stdlib/')
+    first, second = tmp_path / "first.tvp", tmp_path / "second.tvp"
+    first.write_text(text, encoding="utf-8")
+    edited = text.replace("optimizer sgd lr=0.01", "optimizer sgd lr=0.02")
+    assert edited != text
+    second.write_text(edited, encoding="utf-8")
+
+    def build(path: Path) -> api.Programs:
+        return api.build_programs(path, blocks=True, allow_model_outside_root=True)
+
+    import torch._functorch.aot_autograd as aot
+
+    build(first)
+    calls: list[object] = []
+    export_joint = aot.aot_export_joint_with_descriptors
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(args[1])
+        return export_joint(*args, **kwargs)
+
+    monkeypatch.setattr(aot, "aot_export_joint_with_descriptors", counted)
+    warm = build(second)
+    assert len(calls) == 1  # the reference's outer model only: no block, no plan stage
+    trace.BLOCKS.clear()
+    joint.JOINTS.clear()
+    fresh = build(second)
+    assert warm.program == fresh.program and warm.spec.program == fresh.spec.program

@@ -24,7 +24,7 @@ import torch
 from trainverify_dsl.ir.graph import Graph
 from trainverify_dsl.lower.lowering import Lowered, Slot, StageProgram
 from trainverify_dsl.spec.fx_import import import_joint
-from trainverify_dsl.spec.fx_key import graph_key, relabel
+from trainverify_dsl.spec.fx_key import KeyMemo, graph_key, relabel
 from trainverify_dsl.spec.trace import decompositions as shared_decompositions
 
 _KIND = {"param": "param", "buffer": "buffer", "data": "data", "coord": "data",
@@ -49,21 +49,22 @@ def _differentiable(slot: Slot, value: torch.Tensor) -> bool:
     return slot.kind in ("param", "recv") and value.is_floating_point()
 
 
-#: A stage's canonical key (``spec.fx_key``) -> (its forward, its joint graph module).
-JointMemo = dict[Any, tuple[torch.fx.GraphModule, torch.fx.GraphModule]]
+#: A stage's canonical key (``spec.fx_key``) -> (its forward, its joint graph module), for
+#: every lowering of the process (a search loop lowers many plans of one model).
+JOINTS = KeyMemo(256)
 
 
 def stage_joints(lowered: Lowered) -> list[Graph]:
     """The joint graph of every stage. Stages whose local forwards are the same program (one
-    block per stage, tens of identical blocks) are differentiated once: the others import
-    the same joint graph under their own names and module paths (``spec/fx_key.py``)."""
-    memo: JointMemo = {}
-    return [stage_joint(lowered, st, memo) for st in lowered.stages]
+    block per stage, tens of identical blocks; the same block in another plan of the model)
+    are differentiated once: the others import the same joint graph under their own names
+    and module paths (``spec/fx_key.py``)."""
+    return [stage_joint(lowered, st, memo=True) for st in lowered.stages]
 
 
-def stage_joint(lowered: Lowered, stage: StageProgram, memo: JointMemo | None = None) -> Graph:
-    """The IR graph of one stage's local forward and backward (``memo``: joints already
-    made, by the canonical key of their stage's forward)."""
+def stage_joint(lowered: Lowered, stage: StageProgram, memo: bool = False) -> Graph:
+    """The IR graph of one stage's local forward and backward (``memo``: reuse and record
+    joints in ``JOINTS``, by the canonical key of their stage's forward)."""
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -100,10 +101,10 @@ def stage_joint(lowered: Lowered, stage: StageProgram, memo: JointMemo | None = 
         return None
 
     kinds = tuple((s.kind, a.requires_grad) for s, a in zip(stage.inputs, args, strict=True))
-    key = None if memo is None else graph_key(stage.gm, kinds,
-                                              tuple(s.kind for s in stage.outputs))
-    if key is not None and key in memo:
-        forward, gm = memo[key]
+    key = graph_key(stage.gm, kinds, tuple(s.kind for s in stage.outputs)) if memo else None
+    known = JOINTS.get(key)
+    if known is not None:
+        forward, gm = known
         graph = relabel(import_joint(gm, name_input, name_output), forward, stage.gm)
         if graph is not None:
             return graph
@@ -112,6 +113,5 @@ def stage_joint(lowered: Lowered, stage: StageProgram, memo: JointMemo | None = 
         joint = aot_export_joint_with_descriptors(stack, stage.gm, tuple(args),
                                                   decompositions=decompositions)
         gm = joint.graph_module
-    if key is not None and memo is not None:
-        memo.setdefault(key, (stage.gm, gm))
+    JOINTS.put(key, (stage.gm, gm))
     return import_joint(gm, name_input, name_output)

@@ -12,6 +12,7 @@ unknown, an argument of an unknown type) has no key (``None``) and is traced its
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
@@ -137,3 +138,33 @@ def relabel(graph: Graph, old: torch.fx.GraphModule, new: torch.fx.GraphModule
             return None
         nodes.append(node.replace(origin=replace(origin, module=module, stack=frame)))
     return replace(graph, nodes=tuple(nodes))
+
+
+class KeyMemo:
+    """What was made for each canonical key, the ``size`` most recently used kept: shared by
+    every trace of the process, so a loop checking many plans of one model (an auto-parallel
+    search through ``api.check``) differentiates each distinct block once, not once a plan."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+
+    def get(self, key: Any) -> Any:
+        if key is None or key not in self._items:
+            return None
+        self._items.move_to_end(key)
+        return self._items[key]
+
+    def put(self, key: Any, value: Any) -> None:
+        if key is None:
+            return
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)

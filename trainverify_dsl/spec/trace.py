@@ -53,7 +53,7 @@ from trainverify_dsl.spec.convert import DTYPES
 from trainverify_dsl.spec.cut import ANCHOR, BlockStub
 from trainverify_dsl.spec.errors import SpecError, fail, fail_at, spec_span
 from trainverify_dsl.spec.fx_import import UnsupportedOps, import_joint, user_frame
-from trainverify_dsl.spec.fx_key import graph_key, tensor_key
+from trainverify_dsl.spec.fx_key import KeyMemo, graph_key, tensor_key
 from trainverify_dsl.spec.marks import POINT, marks, module_of
 from trainverify_dsl.spec.program import BlockGroup, SpecProgram
 
@@ -179,7 +179,8 @@ def _export_key(exported: Any) -> tuple[Any, ...] | None:
                           for name, value in sorted(exported.constants.items()))
     except ValueError:
         return None
-    return graph_key(exported.graph_module, str(exported.graph_signature), constants)
+    frames = tuple(user_frame(n.meta.get("stack_trace")) for n in exported.graph.nodes)
+    return graph_key(exported.graph_module, str(exported.graph_signature), constants, frames)
 
 
 def _differentiate(exported: Any, args: tuple[Any, ...]) -> torch.fx.GraphModule:
@@ -402,28 +403,32 @@ def _block_point(relative: str) -> str:
     return "@" + (f".{relative}" if relative else "")
 
 
+#: The graphs of blocks already traced, by the canonical key of their exported forward and
+#: its user frames (``spec/fx_key.py``), for every trace of the process.
+BLOCKS = KeyMemo(256)
+
+
 def _trace_block(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 marked: tuple[str, ...] = (), memo: dict[Any, tuple[Graph, Graph]] | None = None
-                 ) -> tuple[Graph, Graph]:
-    """A block's forward and backward graphs. ``memo``: the graphs of blocks already traced,
-    by the canonical key of their exported forward (``spec/fx_key.py``); a block whose
-    forward exports to an equal key is not decomposed and differentiated again (torch's
-    pipeline gives equal graphs for equal keys; module paths in a block are relative)."""
+                 marked: tuple[str, ...] = (), memo: bool = False) -> tuple[Graph, Graph]:
+    """A block's forward and backward graphs. ``memo``: a block whose forward exports to the
+    key of a block already traced (``BLOCKS``) is not decomposed and differentiated again
+    (torch's pipeline gives equal graphs for equal keys; module paths in a block are
+    relative, and the key holds each node's user frame, so origins are the block's own)."""
     tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
     inputs = [tensors[0].detach().requires_grad_(True)] + [t.detach() for t in tensors[1:]]
     with marks(block, marked, _block_point):
         exported = _export(_BlockCall(block, args, kwargs), tuple(inputs))
-        key = _export_key(exported)
-        if memo is not None and key is not None and key in memo:
-            return memo[key]
+        key = _export_key(exported) if memo else None
+        known = BLOCKS.get(key)
+        if known is not None:
+            return known
         gm = _differentiate(exported, tuple(inputs))
     graph = import_joint(gm, _block_input, _block_output, strip="block")
     if "out" not in graph.output_names or graph.value_type(graph.output_value("out")) != \
             graph.inputs[graph.input_index("in.0")].type:
         raise _NoReuse("a block's output type differs from its hidden-state input")
     forward, backward = split_phases(graph, {"grad(out)": 1}, 2)
-    if memo is not None and key is not None:
-        memo[key] = (forward, backward)
+    BLOCKS.put(key, (forward, backward))
     return forward, backward
 
 
@@ -494,14 +499,13 @@ def _trace_pieces(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     groups: dict[Any, str] = {}
     traced: dict[str, tuple[Graph, Graph]] = {}
     layer_graph = []
-    memo: dict[Any, tuple[Graph, Graph]] = {}
     for block, inner in zip(blocks, block_marks, strict=True):
         # Group by block_key (classes, tensor types, every attribute, input types, marked
         # modules); a block the key cannot describe, and every block when exact, is traced
         # (exported; decomposed and differentiated unless an equal export was) and grouped
         # by its traced graphs themselves.
         key = None if exact else block_key(block, in_types)
-        graphs = _trace_block(block, args, kwargs, inner, memo) if key is None else None
+        graphs = _trace_block(block, args, kwargs, inner, memo=True) if key is None else None
         key = graphs if key is None else (key, inner)
         if key not in groups:
             groups[key] = f"block{len(groups)}"

@@ -358,3 +358,15 @@ def test_a_plan_the_shrunk_lowering_cannot_compute_is_its_full_size_error(
     for fmt in ("text", "json", "sarif", "github"):
         assert main(["check", "--format", fmt, str(plan)]) == 1
     assert "Traceback" not in capsys.readouterr().out
+
+
+def test_the_api_passes_on_no_deprecation_notice_of_torch() -> None:
+    """A search loop calling the API sees only verdicts: torch's own FutureWarnings while
+    exporting are not passed on (the CLI filters them; the API must not depend on that)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        verdict = check_file(ROOT / "plans" / "mlp_tiny_dp.tvp")
+    assert verdict.verdict == VERIFIED
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -47,13 +48,16 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
     marked = sorted(set(marked))
     handles = install_marks(model, marked)
     try:
-        with contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations
             exported = torch.export.export(model, tuple(inputs.values()), strict=False)
     finally:
         for handle in handles:
             handle.remove()
     # the reference step's table (spec/trace.py): both forwards decomposed alike
-    exported = exported.run_decompositions(decompositions())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        exported = exported.run_decompositions(decompositions())
     signature = exported.graph_signature
     data_names = list(inputs)
     placeholders: dict[str, tuple[str, str]] = {}

@@ -165,8 +165,10 @@ def _joint(module: nn.Module, args: tuple[Any, ...], *,
 
 def _export(module: nn.Module, args: tuple[Any, ...]) -> Any:
     # On failure torch.export prints the partial graph to stderr; the error is reported as a
-    # diagnostic instead.
-    with contextlib.redirect_stderr(io.StringIO()):
+    # diagnostic instead. Its own deprecation notices are not the user's (an API caller's
+    # stderr stays clean, as the CLI's does).
+    with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
         return torch.export.export(module, args, strict=False)
 
 

@@ -130,13 +130,20 @@ def relabel(graph: Graph, old: torch.fx.GraphModule, new: torch.fx.GraphModule
         if modules.setdefault(module_a, module_b) != module_b or \
                 frames.setdefault(frame_a, frame_b) != frame_b:
             return None
+    # nodes that share one origin object keep sharing one, and an origin that does not move
+    # stays the very object (the shared empty one): the proof cache's key pickles the
+    # program, and pickle's bytes depend on which objects are shared
+    moved: dict[int, Any] = {}
     nodes = []
     for node in graph.nodes:
         origin = node.origin
-        module, frame = modules.get(origin.module), frames.get(origin.stack)
-        if module is None or frame is None:
-            return None
-        nodes.append(node.replace(origin=replace(origin, module=module, stack=frame)))
+        if id(origin) not in moved:
+            module, frame = modules.get(origin.module), frames.get(origin.stack)
+            if module is None or frame is None:
+                return None
+            moved[id(origin)] = origin if (module, frame) == (origin.module, origin.stack) \
+                else replace(origin, module=module, stack=frame)
+        nodes.append(node.replace(origin=moved[id(origin)]))
     return replace(graph, nodes=tuple(nodes))
 
 

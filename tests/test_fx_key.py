@@ -99,58 +99,14 @@ def test_exact_tracing_reuses_only_equal_exports(
     check_spec(spec, ir_inputs(model, specs, args), torch_reference(model, specs, args))
 
 
-def test_reused_joints_equal_fresh_ones_names_and_module_paths_included(
+def test_reused_graphs_equal_fresh_ones_within_a_plan_and_across_plans(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 4-block plan checked as `tvp check` lowers it (one stage per block): the plan's
-    stage graphs and the reference's, built with the memos and without them, are equal, and
-    so is every node's origin (module path, user frame)."""
-    from trainverify_dsl import api
-    from trainverify_dsl.lower import joint
-    from trainverify_dsl.spec import trace
+    """A 4-block plan checked as `tvp check` lowers it (one stage per block) reuses its middle
+    blocks' joints; a one-line edit of it (another learning rate), lowered next in the same
+    process, differentiates no block stage and only the reference's outer model; and its
+    programs equal a fresh trace's, every node's origin (module path, user frame) included."""
+    import torch._functorch.aot_autograd as aot
 
-    text = (ROOT / "plans" / "llama_tiny_tp.tvp").read_text(encoding="utf-8")
-    text = text.replace("batch 4 seq 8", "batch 4 seq 8 n_layers 4")
-    text = text.replace('"stdlib/', f'"{ROOT}/stdlib/')
-    path = tmp_path / "four_blocks.tvp"
-    path.write_text(text, encoding="utf-8")
-
-    def build() -> api.Programs:
-        return api.build_programs(path, blocks=True, allow_model_outside_root=True)
-
-    def origins(graph: object) -> list[tuple[str, str, str, str]]:
-        return [(n.origin.module, n.origin.stack, n.origin.phase, n.origin.source)
-                for n in graph.nodes]
-
-    hits: list[bool] = []
-    relabel = joint.relabel
-
-    def counted(*args: object) -> object:
-        out = relabel(*args)
-        hits.append(out is not None)
-        return out
-
-    monkeypatch.setattr(joint, "relabel", counted)
-    memo = build()
-    assert memo.segmented and len(memo.program.stages) == 4
-    assert hits and all(hits)  # the middle blocks' joints were reused
-    monkeypatch.setattr(joint, "graph_key", lambda *args: None)
-    monkeypatch.setattr(trace, "_export_key", lambda exported: None)
-    fresh = build()
-    assert memo.program == fresh.program
-    for a, b in zip(memo.program.stages, fresh.program.stages, strict=True):
-        assert [i.name for i in a.graph.inputs] == [i.name for i in b.graph.inputs]
-        assert origins(a.graph) == origins(b.graph)
-    assert memo.spec.program == fresh.spec.program
-    for (name_a, a), (name_b, b) in zip(memo.spec.program.graphs, fresh.spec.program.graphs,
-                                        strict=True):
-        assert name_a == name_b and origins(a) == origins(b)
-
-
-def test_a_second_plan_of_the_model_reuses_every_block_and_equals_a_fresh_trace(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The memos are the process's (a search loop checks many plans of one model): after one
-    plan, a one-line edit of it (another learning rate) differentiates no block stage and only
-    the reference's outer model, and its programs equal those of a fresh process."""
     from trainverify_dsl import api
     from trainverify_dsl.lower import joint
     from trainverify_dsl.spec import trace
@@ -167,9 +123,23 @@ def test_a_second_plan_of_the_model_reuses_every_block_and_equals_a_fresh_trace(
     def build(path: Path) -> api.Programs:
         return api.build_programs(path, blocks=True, allow_model_outside_root=True)
 
-    import torch._functorch.aot_autograd as aot
+    def origins(graph: object) -> list[tuple[str, str, str, str]]:
+        return [(n.origin.module, n.origin.stack, n.origin.phase, n.origin.source)
+                for n in graph.nodes]
 
-    build(first)
+    hits: list[bool] = []
+    relabel = joint.relabel
+
+    def counted_relabel(*args: object) -> object:
+        out = relabel(*args)
+        hits.append(out is not None)
+        return out
+
+    monkeypatch.setattr(joint, "relabel", counted_relabel)
+    built = build(first)
+    assert built.segmented and len(built.program.stages) == 4
+    assert hits and all(hits)  # the middle blocks' joints were reused
+
     calls: list[object] = []
     export_joint = aot.aot_export_joint_with_descriptors
 
@@ -180,7 +150,17 @@ def test_a_second_plan_of_the_model_reuses_every_block_and_equals_a_fresh_trace(
     monkeypatch.setattr(aot, "aot_export_joint_with_descriptors", counted)
     warm = build(second)
     assert len(calls) == 1  # the reference's outer model only: no block, no plan stage
+
     trace.BLOCKS.clear()
     joint.JOINTS.clear()
+    monkeypatch.setattr(joint, "graph_key", lambda *args: None)
+    monkeypatch.setattr(trace, "_export_key", lambda exported: None)
     fresh = build(second)
-    assert warm.program == fresh.program and warm.spec.program == fresh.spec.program
+    assert warm.program == fresh.program
+    for a, b in zip(warm.program.stages, fresh.program.stages, strict=True):
+        assert [i.name for i in a.graph.inputs] == [i.name for i in b.graph.inputs]
+        assert origins(a.graph) == origins(b.graph)
+    assert warm.spec.program == fresh.spec.program
+    for (name_a, a), (name_b, b) in zip(warm.spec.program.graphs, fresh.spec.program.graphs,
+                                        strict=True):
+        assert name_a == name_b and origins(a) == origins(b)

@@ -184,8 +184,8 @@ class _Run:
         axes read the same array."""
         if slot.kind == "coord":
             return np.array(coords[slot.spec], dtype=np.int64)
-        axes = sorted({a for dim in slot.layout.dims for f in dim for a in f.axes})
-        key = (slot.spec, slot.layout.dims, tuple(coords[a] for a in axes))
+        key = (slot.spec, slot.layout.dims,
+               tuple(coords[a] for a in sorted(slot.layout.shard_axes())))
         piece = self.pieces.get(key)
         if piece is None:
             piece = self.pieces[key] = take_local(self.values[slot.spec], slot.layout, coords,

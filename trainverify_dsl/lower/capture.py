@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -25,7 +24,11 @@ import torch
 from torch import nn
 
 from trainverify_dsl.spec.marks import MARK, install_marks  # noqa: F401 (MARK re-exported)
-from trainverify_dsl.spec.trace import canonical_names, decompositions
+from trainverify_dsl.spec.trace import (
+    canonical_names,
+    decompositions,
+    torch_deprecations_ignored,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,15 +51,13 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
     marked = sorted(set(marked))
     handles = install_marks(model, marked)
     try:
-        with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations
+        with contextlib.redirect_stderr(io.StringIO()), torch_deprecations_ignored():
             exported = torch.export.export(model, tuple(inputs.values()), strict=False)
     finally:
         for handle in handles:
             handle.remove()
     # the reference step's table (spec/trace.py): both forwards decomposed alike
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
+    with torch_deprecations_ignored():
         exported = exported.run_decompositions(decompositions())
     signature = exported.graph_signature
     data_names = list(inputs)

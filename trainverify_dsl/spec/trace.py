@@ -163,12 +163,19 @@ def _joint(module: nn.Module, args: tuple[Any, ...], *,
     return _differentiate(exported, args)
 
 
+@contextlib.contextmanager
+def torch_deprecations_ignored() -> Any:
+    """Torch's own deprecation notices (``FutureWarning``) while it exports or decomposes are
+    not the user's: an API caller's stderr stays as clean as the CLI's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
 def _export(module: nn.Module, args: tuple[Any, ...]) -> Any:
     # On failure torch.export prints the partial graph to stderr; the error is reported as a
-    # diagnostic instead. Its own deprecation notices are not the user's (an API caller's
-    # stderr stays clean, as the CLI's does).
-    with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
+    # diagnostic instead.
+    with contextlib.redirect_stderr(io.StringIO()), torch_deprecations_ignored():
         return torch.export.export(module, args, strict=False)
 
 
@@ -190,8 +197,7 @@ def _differentiate(exported: Any, args: tuple[Any, ...]) -> torch.fx.GraphModule
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
     table = decompositions()
-    with warnings.catch_warnings():  # torch's own deprecation notices, not the user's
-        warnings.simplefilter("ignore", FutureWarning)
+    with torch_deprecations_ignored():
         exported = exported.run_decompositions(table)  # as a plan stage's forward is
     with contextlib.ExitStack() as stack:
         joint = aot_export_joint_with_descriptors(stack, exported.module(), args,

@@ -219,6 +219,7 @@ def test_a_step_over_the_memory_budget_is_inconclusive_not_an_error() -> None:
     assert verdict.reason.startswith("not checked: ") and "--max-memory" in verdict.reason
     assert [d.code.id for d in verdict.diagnostics] == ["TVP501"]
     assert verdict.diagnostics[0].span.line == 11  # `mesh dp=2`
+    assert verdict.diagnostics[0].severity == "warning"  # not checked, not wrong
 
 
 def test_the_time_limit_stops_deciding_obligations(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,8 +9,10 @@ verdict lists the assumptions it rests on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from trainverify_dsl.report.diagnostics import Severity
 
 VERIFIED = "verified"
 COUNTEREXAMPLE = "counterexample"
@@ -96,7 +98,8 @@ class Verdict:
 def refused(plan: str, diagnostics: list[Any]) -> Verdict:
     """A plan not checked because of the work it asks for (TVP501: ranks, microbatches or
     memory over the limits): neither proven nor refuted, so ``inconclusive`` (exit 3), never
-    "the plan has errors" (the plan may be correct)."""
-    return Verdict(INCONCLUSIVE, plan, diagnostics=list(diagnostics),
+    "the plan has errors" (the plan may be correct); its diagnostics are warnings here."""
+    diagnostics = [replace(d, level=Severity.WARNING) for d in diagnostics]
+    return Verdict(INCONCLUSIVE, plan, diagnostics=diagnostics,
                    reason="not checked: " + "; ".join(d.message for d in diagnostics)
                    + " (TVP501; --max-memory raises the memory budget)")

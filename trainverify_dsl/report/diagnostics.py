@@ -50,10 +50,13 @@ class Diagnostic:
     help: str | None = None
     #: Secondary locations, e.g. the earlier conflicting declaration.
     related: tuple[tuple[Span, str], ...] = ()
+    #: The severity where a command reads the code otherwise than its default (``tvp check``
+    #: reports a plan refused for its work, TVP501, as a warning: not checked, not wrong).
+    level: Severity | None = None
 
     @property
     def severity(self) -> Severity:
-        return self.code.severity
+        return self.level or self.code.severity
 
 
 @dataclass(slots=True)

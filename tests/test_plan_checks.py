@@ -342,3 +342,18 @@ def test_a_spec_optimizer_without_an_optimizer_is_found_at_the_spec_optimizer(
     assert found.help == "add `optimizer adamw lr=0.0003 weight-decay=0.1`"
     fixed = lint_files(tmp_path, {"main.tvp": text + "optimizer adamw lr=3e-4 weight-decay=0.1\n"})
     assert "TVP280" not in codes_of(fixed)
+
+
+@pytest.mark.parametrize("stated", ["eps=1e-8", "betas=(0.9, 0.999)", "weight-decay=0.01",
+                                    "eps=1e-8 betas=(0.9, 0.999) weight-decay=0.01"])
+def test_an_optimizer_default_written_out_is_the_default(tmp_path: Path, stated: str) -> None:
+    """torch's defaults compare exactly with the plan's decimal literals: `eps=1e-8` written
+    out is AdamW's default, not an error against the float 1e-8 (an outside user's plan was
+    rejected with "eps=1e-08 (spec: 1e-08)"); a real difference is still found."""
+    head = ('plan demo\nspec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1\n'
+            "spec-optimizer adamw lr=0.001\nmesh dp=2\nsplit x [dp, -]\n"
+            "split target [dp, -]\nall-reduce grad(params) over dp op=avg\n")
+    assert "TVP280" not in codes_of(lint_files(tmp_path, {"main.tvp": head + f"optimizer adamw "
+                                                          f"lr=0.001 {stated}\n"}))
+    (found,) = lint_files(tmp_path, {"main.tvp": head + "optimizer adamw lr=0.001 eps=1.1e-8\n"})
+    assert (found.code.id, found.span.line) == ("TVP280", 8)

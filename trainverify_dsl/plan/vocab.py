@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 REDUCE_OPS = ("sum", "avg", "max", "min")
 
 #: Options each collective accepts; required ones are listed in ``REQUIRED_OPTIONS``.
@@ -79,11 +81,15 @@ OPTIMIZER_HYPER: dict[str, tuple[str, ...]] = {
     "adamw": ("lr", "betas", "eps", "weight-decay"),
 }
 REQUIRED_HYPER = ("lr",)
-#: torch.optim's defaults of the hyper-parameters a statement may leave out.
+#: torch.optim's defaults of the hyper-parameters a statement may leave out, exact as the
+#: plan's decimal literals are (``eps=1e-8`` written out is this default, not the float's
+#: binary neighbour).
 OPTIMIZER_DEFAULTS: dict[str, dict[str, object]] = {
     "sgd": {"momentum": 0, "weight-decay": 0},
-    "adam": {"betas": (0.9, 0.999), "eps": 1e-8, "weight-decay": 0},
-    "adamw": {"betas": (0.9, 0.999), "eps": 1e-8, "weight-decay": 0.01},
+    "adam": {"betas": (Fraction("0.9"), Fraction("0.999")), "eps": Fraction("1e-8"),
+             "weight-decay": 0},
+    "adamw": {"betas": (Fraction("0.9"), Fraction("0.999")), "eps": Fraction("1e-8"),
+              "weight-decay": Fraction("0.01")},
 }
 
 #: Model inputs whose dimensions the spec line fixes: dims are (``batch``, ``seq``).

@@ -371,3 +371,24 @@ def test_the_api_passes_on_no_deprecation_notice_of_torch() -> None:
         verdict = check_file(ROOT / "plans" / "mlp_tiny_dp.tvp")
     assert verdict.verdict == VERIFIED
     assert not [w for w in caught if issubclass(w.category, FutureWarning)]
+
+
+def test_a_plan_the_check_could_not_handle_is_a_failure_in_sarif_and_github(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """An `error` verdict without diagnostics (an internal error, exit 2) printed no SARIF
+    result and an execution marked successful, and no GitHub annotation: code scanning read
+    the plan as clean. Now it is a tool execution failure and an error annotation."""
+    import trainverify_dsl.api as api
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(api, "check_file", broken)
+    plan = str(ROOT / "plans" / "mlp_tiny_dp.tvp")
+    assert main(["check", "--no-cache", "--format", "sarif", plan]) == 2
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    (invocation,) = run["invocations"]
+    assert invocation["executionSuccessful"] is False
+    assert "RuntimeError: boom" in invocation["toolExecutionNotifications"][0]["message"]["text"]
+    assert main(["check", "--no-cache", "--format", "github", plan]) == 2
+    assert "::error" in capsys.readouterr().out

@@ -177,3 +177,33 @@ def test_a_bad_model_reference_points_at_the_spec_line(tmp_path: Path,
     assert f"{path}:2:1: error:" in out and "[TVP301]" in out and "Traceback" not in out
     assert main(["lint", "--spec", str(path)]) == 1
     assert f"{path}:2:1: error:" in capsys.readouterr().out
+
+
+#: spec-line mistakes an outside user made (no such class, a non-Python file, a file whose
+#: import raises): each is an error at the plan's `spec` line under every command that builds
+#: the model, never a traceback, an internal error or a location inside the model file
+SPEC_MISTAKES = {
+    "no such class": ('"stdlib/models/mlp.py:NoSuch"', None, "TVP301"),
+    "not a Python file": ('"m.txt:MLP"', ("m.txt", "class MLP: pass\n"), "TVP303"),
+    "import raises": ('"bad.py:MLP"', ("bad.py", "raise RuntimeError('boom')\n"), "TVP303"),
+}
+
+
+@pytest.mark.parametrize("command", [["lint", "--spec"], ["simulate"], ["check", "--no-cache"],
+                                     ["run-distributed"]], ids=lambda c: c[0])
+@pytest.mark.parametrize("mistake", sorted(SPEC_MISTAKES))
+def test_a_spec_line_mistake_is_an_error_at_the_spec_line_under_every_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str],
+        mistake: str) -> None:
+    reference, extra, code = SPEC_MISTAKES[mistake]
+    if extra is not None:
+        (tmp_path / extra[0]).write_text(extra[1], encoding="utf-8")
+    text = (ROOT / "plans" / "mlp_tiny_dp.tvp").read_text()
+    path = tmp_path / "plan.tvp"
+    path.write_text(text.replace('"stdlib/models/mlp.py:MLP"', reference), encoding="utf-8")
+    line = 1 + next(i for i, s in enumerate(text.splitlines()) if s.startswith("spec "))
+    assert main([*command, str(path)]) == 1
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert f"{path}:{line}:1: error:" in out and f"[{code}]" in out, out
+    assert "Traceback" not in out and "internal error" not in out

@@ -185,8 +185,8 @@ def _shrunk(plan: Plan, settings: dict[str, Any], model_ref: Any
     except ShrinkError as error:
         assert plan.spec is not None
         raise SimulationSetupError([], f"{plan.spec.origin.span.file}: cannot shrink the "
-                                       f"model: {error}; simulate it at full size with "
-                                       "--no-shrink") from None
+                                       f"model: {error}; `tvp simulate --no-shrink` runs it "
+                                       "at full size") from None
     return shrunk.overrides, shrunk.batch, shrunk.seq
 
 
@@ -202,19 +202,22 @@ def _plain(value: Any) -> Any:
 
 
 def at_spec_line(diagnostics: list[Diagnostic], path: str | Path) -> list[Diagnostic]:
-    """Spec diagnostics located at a model reference (``nope.py:X``, no source line) are moved
-    to the plan's ``spec`` line, which is what the user edits; those at a line of the
-    model's own code stay there."""
+    """Spec diagnostics about what the ``spec`` line names (a model reference ``nope.py:X``,
+    a class or config the file lacks, a file that cannot be imported or constructed, bad
+    input sizes, a file outside the roots: no line of the model's code) are moved to the
+    plan's ``spec`` line, which is what the user edits; those at a line of the model's own
+    code stay there."""
+    from trainverify_dsl.spec.errors import names_the_reference
+
     try:
         plan = resolve_plan(path)
     except SimulationSetupError:
         return diagnostics
     if plan.spec is None:
         return diagnostics
-    return [d if Path(d.span.file).is_file() else
-            replace(d, span=plan.spec.origin.span,
+    return [replace(d, span=plan.spec.origin.span,
                     notes=d.notes + (f"the model reference is `{d.span.file}`",))
-            for d in diagnostics]
+            if names_the_reference(d) else d for d in diagnostics]
 
 
 def layout_diagnostics(path: str | Path, *, allow_model_outside_root: bool = False,
@@ -360,7 +363,10 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     progress("layout pass at full size")
     findings, full_size = _layout_pass(path, allow_model_outside_root, full)
     errors = [d for d in findings if d.severity is Severity.ERROR]
-    if errors and stop_on_errors:
+    if errors and (stop_on_errors or full_size is None and any(
+            d.code.id.startswith("TVP3") for d in errors)):
+        # a model that cannot be built, traced or found at its full size is not simulated
+        # at any size (its errors are the answer, at the spec line or the model's own line)
         raise SimulationSetupError(findings)
     progress("shrinking the model's widths")
     setup: SimulationSetup = prepare(path, shrink=shrink, real=False,

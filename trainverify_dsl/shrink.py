@@ -476,6 +476,8 @@ def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) 
     ``ShrinkError`` when the model cannot be probed, ``SpecError`` when it cannot be built."""
     from trainverify_dsl.lower.bind import bind_plan, resolve_indices
     from trainverify_dsl.lower.lowering import input_sizes
+    from trainverify_dsl.report import codes_spec as codes
+    from trainverify_dsl.spec.errors import SpecError
     from trainverify_dsl.spec.load import load_model, model_input_specs
 
     assert plan.spec is not None and plan.mesh is not None
@@ -488,7 +490,11 @@ def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) 
     try:
         fake = load_model(model_ref or plan.spec.model, plan.spec.config,
                           **{**settings, **config_values(probe, config, model)})
-    except Exception as error:  # noqa: BLE001 - a SpecError or the model's own check
+    except SpecError as error:
+        if not any(d.code is codes.MODEL_LOAD_FAILED for d in error.diagnostics):
+            raise  # the reference itself is wrong (no such file, class, config): not the probe
+        raise ShrinkError(f"the model rejects independent widths {probe}: {error}") from None
+    except Exception as error:  # noqa: BLE001 - the model's own check of its sizes
         raise ShrinkError(f"the model rejects independent widths {probe}: {error}") from None
     specs = dict(model_input_specs(fake, probe["batch"], probe["seq"]))
     plan = resolve_indices(plan, fake)  # as the lowering reads it

@@ -142,9 +142,13 @@ def run(args: argparse.Namespace) -> int:
             summary(verdicts, color)
     else:
         from trainverify_dsl.cli.lint_cmd import render_diagnostics
+        from trainverify_dsl.report.render import InternalError
 
         found = [d for v in verdicts for d in diagnostics(v)]
-        sys.stdout.write(render_diagnostics(found, list(args.plans), args.format))
+        # a plan the check could not handle (exit 2) is a failure, never a clean file
+        failures = [InternalError(v.plan, v.reason) for v in verdicts if v.exit_code == 2]
+        sys.stdout.write(render_diagnostics(found, list(args.plans), args.format,
+                                            failures=failures))
     return worst.exit_code
 
 

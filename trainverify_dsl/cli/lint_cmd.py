@@ -176,10 +176,11 @@ def default_linter() -> Linter:
 
 
 def render_diagnostics(diagnostics: list[Diagnostic], files: list[str], fmt: str, *,
-                       color: bool = False) -> str:
+                       color: bool = False, failures: Sequence[InternalError] = ()) -> str:
     """Diagnostics of other commands (``tvp simulate``, ``tvp check``) in lint's formats;
-    ``color`` applies to text."""
-    report = LintReport.of(diagnostics, files)
+    ``color`` applies to text; ``failures``: files the command could not handle (an
+    internal error: SARIF's execution is unsuccessful, GitHub gets an error annotation)."""
+    report = LintReport.of(diagnostics, files, failures)
     return render(fmt, report, FileSources(), color=color, root=os.getcwd())
 
 

@@ -4,8 +4,8 @@ with the single-device torch step (``trainverify_dsl.oracle``, docs/oracle.md).
 One process per rank (at most 8). Prints the verdict, the largest relative error and every
 tensor that differs (first in program order).
 
-Exit codes: 0 the plan agrees with single-device torch, 1 it differs (or cannot be lowered),
-2 usage error or a plan the oracle cannot run.
+Exit codes: 0 the plan agrees with single-device torch, 1 it differs (or cannot be lowered,
+or its spec has errors), 2 usage error or a plan the oracle cannot run.
 """
 
 from __future__ import annotations
@@ -29,15 +29,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainverify_dsl.api import SimulationSetupError
+    from trainverify_dsl.api import SimulationSetupError, at_spec_line
     from trainverify_dsl.lower.findings import LoweringError
     from trainverify_dsl.oracle import OracleError, run_distributed
+    from trainverify_dsl.spec.errors import SpecError
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own deprecations
     try:
         result = run_distributed(args.plan, seed=args.seed, timeout=args.timeout)
     except LoweringError as error:
         print(f"{args.plan}: cannot be lowered: {error}")
+        return EXIT_DIFFERS
+    except SpecError as error:  # the spec line or the model: located, like tvp simulate's
+        for d in at_spec_line(list(error.diagnostics), args.plan):
+            print(f"{d.span}: {d.severity.value}: {d.message} [{d.code.id}]")
+            for note in d.notes:
+                print(f"  note: {note}")
+            if d.help:
+                print(f"  help: {d.help}")
+        print(f"{args.plan}: not run: the spec has errors")
         return EXIT_DIFFERS
     except (OracleError, SimulationSetupError) as error:
         print(f"tvp run-distributed: {error}", file=sys.stderr)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from trainverify_dsl.report.diagnostics import Code, Diagnostic
 from trainverify_dsl.report.span import Span
 
@@ -17,6 +19,20 @@ class SpecError(Exception):
 def spec_span(where: str) -> Span:
     """A span naming the model file or reference (no line is known)."""
     return Span(where or "<model>", 1, 1, 1, 1)
+
+
+#: Codes about what a ``spec`` line names rather than a line of the model's code.
+REFERENCE_CODES = frozenset({"TVP301", "TVP302", "TVP303", "TVP307", "TVP310"})
+
+
+def names_the_reference(diagnostic: Diagnostic) -> bool:
+    """Whether ``diagnostic`` is about the model reference itself (no line of the model's
+    code: a missing file, class or config, an import or constructor that failed, bad input
+    sizes, a refused location): a plan's diagnostics put it at the ``spec`` line."""
+    span = diagnostic.span
+    if not Path(span.file).is_file():
+        return True
+    return diagnostic.code.id in REFERENCE_CODES and span == spec_span(span.file)
 
 
 def fail(code: Code, message: str, where: str = "", notes: tuple[str, ...] = (),

@@ -31,7 +31,7 @@ from typing import Any
 
 from trainverify_dsl.report import codes_spec as codes
 from trainverify_dsl.resources import RESOURCES
-from trainverify_dsl.spec.errors import fail
+from trainverify_dsl.spec.errors import SpecError, fail
 
 CONFIGS_PATH = RESOURCES.configs_file
 #: The package name the shipped stdlib is imported under (its models import each other so).
@@ -172,7 +172,10 @@ def _import_by_path(path: Path) -> ModuleType:
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
+    if spec is None or spec.loader is None:  # not a Python source file (m.txt)
+        raise fail(codes.MODEL_LOAD_FAILED, f"{path.name} is not a Python file: a model file "
+                   "ends in .py", str(path), help="name the .py file that defines the model "
+                   "class: `spec \"models/my_model.py:MyModel\"`")
     return _execute(spec)
 
 
@@ -200,6 +203,8 @@ def _model_class(ref: ModelRef) -> Any:
 
     try:
         module = _import_file(ref.file)
+    except SpecError:
+        raise
     except USER_CODE_ERRORS as error:
         raise fail(codes.MODEL_LOAD_FAILED, f"importing {ref.file.name} failed: "
                    f"{type(error).__name__}: {error}", str(ref.file)) from None

@@ -207,3 +207,25 @@ def test_a_spec_line_mistake_is_an_error_at_the_spec_line_under_every_command(
     out = captured.out + captured.err
     assert f"{path}:{line}:1: error:" in out and f"[{code}]" in out, out
     assert "Traceback" not in out and "internal error" not in out
+
+
+@pytest.mark.parametrize(("setting", "says"), [
+    ("ignore_index x", "ignore_index is a whole number"),
+    ("ignore_index 1.5", "ignore_index is a whole number"),
+    ("label_smoothing 2", "label_smoothing must lie between 0 and 1"),
+    ("label_smoothing -0.1", "label_smoothing must lie between 0 and 1"),
+    ("norm_eps tiny", "norm_eps is a number"),
+])
+def test_a_spec_line_setting_of_the_wrong_kind_is_an_error_at_the_spec_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], setting: str, says: str) -> None:
+    """Settings are checked against the config's field types before the model runs on them:
+    `ignore_index x` was an internal error from inside torch, and `label_smoothing 2` (which
+    torch's cross_entropy rejects) was simulated and verified."""
+    text = (ROOT / "plans" / "llama_tiny_tp.tvp").read_text()
+    spec = next(s for s in text.splitlines() if s.startswith("spec "))
+    path = tmp_path / "plan.tvp"
+    path.write_text(text.replace(spec, f"{spec} {setting}"), encoding="utf-8")
+    line = 1 + text.splitlines().index(spec)
+    assert main(["lint", "--spec", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}:{line}:1: error:" in out and "[TVP303]" in out and says in out, out

@@ -45,11 +45,36 @@ def load_config(
     unknown = sorted(set(overrides) - set(fields))
     if unknown:
         raise TypeError(f"{config_cls.__name__} has no field(s) {', '.join(unknown)}")
-    merged = {**values, **overrides}
-    for key, value in merged.items():
-        if fields[key].type in ("bool", bool):
-            merged[key] = as_flag(key, value)
+    merged = {key: as_field(key, fields[key].type, value)
+              for key, value in {**values, **overrides}.items()}
+    smoothing = merged.get("label_smoothing")
+    if smoothing is not None and not 0.0 <= smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must lie between 0 and 1 (torch's cross_entropy "
+                         f"rejects anything else), not {smoothing}")
     return config_cls(**merged)
+
+
+def as_field(key: str, kind: Any, value: Any) -> Any:
+    """``value`` as the config field ``key`` of type ``kind`` (its annotation: ``bool``,
+    ``int``, ``float``, optionally ``| None``), or a ValueError naming what to write: a
+    spec-line setting (``spec ... ignore_index -100``) is checked before the model runs on
+    it."""
+    kind = str(getattr(kind, "__name__", kind)).replace(" ", "")
+    if value is None and kind.endswith("|None"):
+        return None
+    base = kind.removesuffix("|None")
+    if base == "bool":
+        return as_flag(key, value)
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if base == "int":
+        if is_number and float(value).is_integer():
+            return int(value)
+        raise ValueError(f"{key} is a whole number: write e.g. `{key} 8`, not {value!r}")
+    if base == "float":
+        if is_number:
+            return float(value)
+        raise ValueError(f"{key} is a number: write e.g. `{key} 0.1`, not {value!r}")
+    return value
 
 
 def as_flag(key: str, value: Any) -> bool:

@@ -251,3 +251,63 @@ def test_a_count_that_depends_on_a_parameter_is_refused(tmp_path: Path) -> None:
     found = [(d.code.id, d.span.line) for d in error.value.diagnostics]
     assert found == [("TVP414", 5)], found
     assert "w" in error.value.diagnostics[0].message
+
+
+# -- a user's own model calling torch's cross_entropy (found by an outside user's plans) --------
+
+USER_LM = '''import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class TinyLM(nn.Module):
+    """torch's cross_entropy with its default ignore_index (-100), no masked_inputs()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+        self.mix = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 16, bias=False)
+
+    def input_specs(self, batch, seq):
+        return {"ids": ((batch, seq), torch.int64), "y_true": ((batch, seq), torch.int64)}
+
+    def forward(self, ids, y_true):
+        h = torch.tanh(self.mix(self.emb(ids)))
+        return F.cross_entropy(self.head(h).flatten(0, 1), y_true.flatten())
+'''
+
+
+def user_lm_plan(tmp_path: Path, reduction: str, op: str) -> Path:
+    (tmp_path / "tiny_lm.py").write_text(USER_LM)
+    return plan(tmp_path, 'plan user_lm\nspec "tiny_lm.py:TinyLM" batch 4 seq 4\n'
+                "spec-optimizer sgd lr=0.1\nmesh dp=2\nmicrobatches 2\n"
+                f"{reduction}\nsplit ids [dp, -]\nsplit y_true [dp, -]\n"
+                f"all-reduce grad(params) over dp op={op}\noptimizer sgd lr=0.1\n")
+
+
+def test_a_models_own_cross_entropy_has_its_labels_masked_without_declaring_them(
+        tmp_path: Path) -> None:
+    """torch's cross_entropy ignores labels equal to -100 whether the model says so or not:
+    the step's test `y_true != -100` is found in the reference program and the drawn labels
+    are masked there, so a plan dividing each rank's loss by its own count (the default
+    local mean) differs instead of being verified on labels that never masked anything."""
+    from trainverify_dsl.api import build_programs, check_file
+    from trainverify_dsl.simulate.run import inferred_masks
+
+    wrong = user_lm_plan(tmp_path, "loss-scale 1/microbatches", "avg")
+    # the embedding's backward tests ids against padding_idx -1: not the model's test
+    assert inferred_masks(build_programs(wrong).spec.program, 16) == {"y_true": -100}
+    assert not simulate_file(wrong).agrees
+    assert check_file(wrong).verdict == "counterexample"
+
+
+def test_token_mean_over_torchs_cross_entropy_is_verified(tmp_path: Path) -> None:
+    """nll_loss's token count is a sum of constants the known labels pick: on symbols it is
+    a constant term, not a Python int (it was an internal error, "the token count is not a
+    known integer (2)")."""
+    from trainverify_dsl.api import check_file
+
+    right = user_lm_plan(tmp_path, "loss-reduction token-mean", "sum")
+    assert simulate_file(right).agrees
+    assert check_file(right).verdict == "verified"

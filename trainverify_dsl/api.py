@@ -296,7 +296,7 @@ def step_values(program: ParallelProgram, reference: Any, model: Any, seed: int 
     """The random inputs both programs run on (``seed``): parameters, optimizer states,
     data, buffers (``simulate.run.random_inputs``) and the states only the plan reads."""
     rng = np.random.default_rng(seed)
-    values = random_inputs(reference.program.inputs, model, rng)
+    values = random_inputs(reference.program.inputs, model, rng, reference.program)
     plan_states(program, values, rng)
     return values
 

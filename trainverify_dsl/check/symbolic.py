@@ -588,6 +588,14 @@ class SymbolicDomain(Domain):
         out[...] = Poly.constant(value)
         return out
 
+    def known(self, value: Any) -> Any:
+        """A constant poly's number (a count of integer data: ``nll_loss``'s total weight
+        sums constants picked by the known labels), else ``None``."""
+        item = np.asarray(value, dtype=object).reshape(()).item()
+        if isinstance(item, Poly):
+            return item.const if not item.terms else None
+        return super().known(value)
+
     def free(self, shape: tuple[int, ...], key: tuple[Any, ...]) -> np.ndarray:
         """A free value (Rule 5.2: whatever the receive buffer held): fresh variables, so a
         plan that reads one is proven for every value it could hold, or refuted."""

@@ -262,7 +262,8 @@ class _Run:
                 feed: dict[str, Any] = {}
                 for g in loss.count.inputs:
                     feed[g.name] = self._step_input(slots[g.name], coords)
-                total += _known_int(evaluate_graph(loss.count, feed, self.domain)["count"])
+                count = evaluate_graph(loss.count, feed, self.domain)["count"]
+                total += _known_int(self.domain.known(count), count)
             counts[rank] = total
         out: dict[int, Any] = {}
         for group in self.mesh.groups(loss.counted):
@@ -385,14 +386,13 @@ class _Run:
         return out
 
 
-def _known_int(value: Any) -> int:
-    """A token count as a Python int; it depends on integer data only, so every domain
-    knows it."""
-    item = np.asarray(value).reshape(()).item()
+def _known_int(item: Any, value: Any) -> int:
+    """A token count (``item``: the number the domain knows ``value`` holds, or ``None``) as
+    a Python int; it depends on integer data only, so every domain knows it."""
     if isinstance(item, (bool, int, np.integer)) or (
-            isinstance(item, (float, Fraction)) and item == int(item)):
+            isinstance(item, (float, np.floating, Fraction)) and item == int(item)):
         return int(item)
-    raise ValueError(f"the token count is not a known integer ({item!r})")
+    raise ValueError(f"the token count is not a known integer ({value!r})")
 
 
 def _block_of(grad: np.ndarray, layout: TLayout, block: TLayout, coords: Mapping[str, int],

@@ -67,6 +67,13 @@ class Domain:
         """A float tensor of ``shape`` holding ``value`` (an int or ``Fraction``) everywhere."""
         return np.full(shape, float(value))
 
+    def known(self, value: Any) -> Any:
+        """The number a one-element ``value`` holds when this domain knows it exactly (an
+        int, float or ``Fraction``), else ``None``: a token count computed from integer
+        data is known in every domain."""
+        item = np.asarray(value).reshape(()).item()
+        return item if isinstance(item, (bool, int, float, np.number)) else None
+
 
 #: The numeric domain (numpy, float64).
 NUMERIC = Domain()

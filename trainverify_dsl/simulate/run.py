@@ -27,7 +27,9 @@ import torch
 
 from trainverify_dsl.ir.compare import Comparison, Mismatch, Pair, Recipe, run_checks
 from trainverify_dsl.ir.execute import evaluate_parallel
+from trainverify_dsl.ir.ops import OPS
 from trainverify_dsl.ir.parallel import ParallelProgram
+from trainverify_dsl.ir.program import Program
 from trainverify_dsl.spec import optim
 from trainverify_dsl.spec.marks import POINT, point_values
 
@@ -90,16 +92,20 @@ def rel_error(got: np.ndarray, want: np.ndarray, floor: float = 1e-12) -> float:
 # -- random values --------------------------------------------------------------------------
 
 
-def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Generator
-                  ) -> dict[str, np.ndarray]:
+def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Generator,
+                  program: Program | None = None) -> dict[str, np.ndarray]:
     """Parameters ~ N(0, 0.5²), states positive where they must be (Adam's v), token ids in
     range (the vocabulary is the first dimension of the embedding table), real inputs N(0,1),
     buffers as the model built them. An input the model names in ``masked_inputs()`` (labels
-    with an ``ignore_index``) has some entries masked (``_mask``)."""
+    with an ``ignore_index``), or that the reference step ``program`` tests against a value
+    never drawn (``inferred_masks``), has some entries masked (``_mask``)."""
     buffers = {n: b.detach().cpu().double().numpy() if b.is_floating_point() else
                b.detach().cpu().numpy() for n, b in model.named_buffers()}
     vocab = _vocab(model)
-    masked: dict[str, int] = getattr(model, "masked_inputs", dict)()
+    masked: dict[str, int] = dict(getattr(model, "masked_inputs", dict)())
+    if program is not None:
+        for name, value in inferred_masks(program, vocab or 2).items():
+            masked.setdefault(name, value)
     values: dict[str, np.ndarray] = {}
     for g in spec_inputs:
         shape = g.type.shape
@@ -141,6 +147,37 @@ def small_values(values: Mapping[str, np.ndarray], buffers: set[str],
 
 #: The share of a masked input's entries that carry its masking value (``ignore_index``).
 MASKED_SHARE = 0.3
+
+
+def inferred_masks(program: Program, high: int) -> dict[str, int]:
+    """Integer data inputs the step compares (``ne``, ``eq``, through reshapes) with a constant
+    outside the drawn range ``[0, high)``: ``labels != -100`` of torch's ``cross_entropy``,
+    whose ``ignore_index`` is -100 whether the model writes it or not. Drawn without that
+    value, every token count would be the full one, and a plan dividing each rank's loss by
+    its own count could not be told from one dividing by the step's: a model need not
+    declare ``masked_inputs()`` for its masked positions to be exercised."""
+    data = {g.name for g in program.inputs if g.kind == "data" and g.type.dtype.startswith("i")}
+    found: dict[str, int] = {}
+    table = dict(program.graphs)
+    for call in program.calls:
+        graph = table[call.graph]
+        of: dict[int, str] = {i: arg for i, arg in enumerate(call.args) if arg in data}
+        constants: dict[int, int] = {}
+        for k, node in enumerate(graph.nodes):
+            value = len(graph.inputs) + k
+            attrs = node.attr_map()
+            if OPS[node.op].group == "view" and node.inputs and node.inputs[0] in of:
+                of[value] = of[node.inputs[0]]
+            elif node.op == "full" and not node.shape and node.dtype.startswith("i"):
+                constants[value] = int(attrs["value"])
+            elif node.op in ("ne", "eq") and len(node.inputs) == 2 and \
+                    node.origin.phase == "forward":  # the model's own test, not autograd's
+                # (the embedding's backward tests its indices against padding_idx -1)
+                a, b = node.inputs
+                for x, c in ((a, b), (b, a)):
+                    if x in of and c in constants and not 0 <= constants[c] < high:
+                        found.setdefault(of[x], constants[c])
+    return found
 
 
 def _mask(ids: np.ndarray, value: int, rng: np.random.Generator) -> np.ndarray:

@@ -42,3 +42,17 @@ def test_an_unknown_executor_is_rejected(capsys) -> None:
         main(["check", "--executor", "dask", str(ROOT / "plans" / "mlp_tiny_dp.tvp")])
     assert stop.value.code == 2
     assert "not an executor" in capsys.readouterr().err
+
+
+def test_a_cluster_that_cannot_be_reached_is_an_error_verdict_not_a_traceback(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`ray://nohost:1` (here without the client extra, or with it and no such host): every
+    plan is an `error` (exit 2, never 1, "counterexample"), and the JSON document is whole."""
+    pytest.importorskip("ray")
+    code = main(["check", "--executor", "ray://nohost:1", "--format", "json",
+                 str(ROOT / "plans" / "mlp_tiny_dp.tvp")])
+    out, err = capsys.readouterr()
+    (plan,) = json.loads(out)["plans"]
+    assert code == 2 and plan["verdict"] == "error"
+    assert plan["reason"].startswith("not checked: Ray could not start or connect")
+    assert "Traceback" not in err

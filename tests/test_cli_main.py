@@ -63,3 +63,44 @@ def test_a_command_imports_its_own_module_only() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "['trainverify_dsl.cli.lint_cmd', " \
         "'trainverify_dsl.cli.main']"
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["check", "--seed", "-1"], "-1 is not a seed"),
+    (["simulate", "--seed", "x"], "'x' is not a whole number"),
+    (["run-distributed", "--seed", str(2**32)], "is not a seed"),
+    (["check", "--timeout", "-5"], "not a number of seconds"),
+    (["check", "--timeout", "0"], "not a positive number of seconds"),
+])
+def test_bad_numbers_on_the_command_line_are_usage_errors(
+        argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A negative seed was an internal error from numpy after the layout pass ran; a negative
+    solver timeout was taken as given."""
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, str(ROOT / "plans" / "mlp_tiny_dp.tvp")])
+    assert exited.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_gets_no_traceback(tmp_path: Path) -> None:
+    """`tvp check --format json ... | head -c 0`: the pipe is closed before the command
+    writes (it is still starting), and the closed pipe ends it quietly."""
+    plan = tmp_path / "missing.tvp"
+    proc = subprocess.Popen([sys.executable, "-m", "trainverify_dsl", "check", "--format",
+                             "json", str(plan)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 2
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_a_symlink_loop_is_a_diagnostic_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    loop = tmp_path / "self.tvp"
+    loop.symlink_to(loop)
+    for fmt in ("text", "json", "sarif"):
+        assert main(["lint", "--format", fmt, str(loop)]) == 1
+        out = capsys.readouterr().out
+        assert "TVP109" in out and "Traceback" not in out

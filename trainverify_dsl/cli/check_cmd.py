@@ -33,7 +33,12 @@ import math
 import sys
 from typing import Any
 
-from trainverify_dsl.cli.lint_cmd import add_color_option, add_model_root_option, positive_int
+from trainverify_dsl.cli.lint_cmd import (
+    add_color_option,
+    add_model_root_option,
+    positive_int,
+    seed,
+)
 from trainverify_dsl.cli.simulate_cmd import _where, add_max_memory_option
 
 #: the order of badness: the worst verdict decides the exit code
@@ -43,9 +48,9 @@ _WORST = {"verified": 0, "inconclusive": 1, "counterexample": 2, "error": 3}
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plans", metavar="PLAN", nargs="+", help=".tvp plan files")
     parser.add_argument("--format", choices=("text", "json", "sarif", "github"), default="text")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=seed, default=0,
                         help="seed of the random values of the numeric pre-check (default 0)")
-    parser.add_argument("--timeout", type=float, default=20.0, metavar="S",
+    parser.add_argument("--timeout", type=_positive_seconds, default=20.0, metavar="S",
                         help="seconds for each solver call (default 20); a timeout is "
                              "inconclusive, never verified")
     parser.add_argument("--time-limit", type=_seconds, default=600.0, metavar="S",
@@ -83,6 +88,13 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
     return value
 
 
@@ -187,6 +199,11 @@ def check_parallel(args: argparse.Namespace, show: Any) -> list[Any]:
     return verdicts
 
 
+def _last_line(error: BaseException) -> str:
+    """The last line of an exception's text (Ray's errors carry a remote traceback)."""
+    return (str(error).strip().splitlines() or [""])[-1]
+
+
 def _ray_job(path: str, options: dict[str, Any], folder: str) -> Any:
     """One plan on a Ray worker: in the driver's folder (relative plan paths, spec paths)."""
     import os
@@ -220,7 +237,12 @@ def check_ray(args: argparse.Namespace, show: Any) -> list[Any]:
                                   "logging_level": logging.ERROR}
         if address is None:
             kwargs.update(num_cpus=args.jobs, include_dashboard=False)
-        ray.init(**kwargs)
+        try:
+            ray.init(**kwargs)
+        except Exception as error:  # noqa: BLE001 - no cluster, no client extra: every plan says so
+            reason = (f"not checked: Ray could not start or connect ({args.executor}): "
+                      f"{type(error).__name__}: {_last_line(error)}")
+            return [Verdict(ERROR, path, reason=reason) for path in plans]
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(_ray_job)
         refs = [task.remote(path, options, os.getcwd()) for path in plans]
@@ -232,7 +254,7 @@ def check_ray(args: argparse.Namespace, show: Any) -> list[Any]:
             except Exception as error:  # noqa: BLE001 - a lost task is a verdict
                 verdicts.append(Verdict(ERROR, plans[k], reason=f"internal error: the Ray "
                                         f"task checking it failed: {type(error).__name__}: "
-                                        f"{str(error).strip().splitlines()[-1:]}"))
+                                        f"{_last_line(error)}"))
             show(f"{k + 1}/{len(plans)} plans checked ({plans[k]}: {verdicts[-1].verdict})")
     finally:
         if started:

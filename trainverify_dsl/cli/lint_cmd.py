@@ -86,6 +86,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seed(text: str) -> int:
+    """A random seed: a whole number from 0 to 2**32 - 1 (numpy's seeds; argparse ``type``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"{value} is not a seed (0 to 2**32 - 1)")
+    return value
+
+
 def add_color_option(parser: argparse.ArgumentParser) -> None:
     """``--color auto|always|never``, shared by the commands with text output (``use_color``)."""
     parser.add_argument("--color", choices=COLOR_CHOICES, default="auto",
@@ -220,7 +231,10 @@ def collect_plan_files(paths: Iterable[str]) -> tuple[list[str], list[str]]:
         if not found:
             empty.append(given)
         for file in found:
-            key = Path(file).resolve()
+            try:
+                key = Path(file).resolve()
+            except (OSError, RuntimeError):  # a symlink loop: the linter reports the file
+                key = Path(os.path.abspath(file))
             if key not in seen:
                 seen.add(key)
                 files[file] = None

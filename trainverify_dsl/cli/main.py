@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -89,8 +90,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     module_name, _ = SUBCOMMANDS[args.command]
     _quiet_torch()
     try:
-        return int(_load(module_name).run(args))
+        status = int(_load(module_name).run(args))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the exit
+        return status
     except KeyboardInterrupt:
+        return EXIT_USAGE
+    except BrokenPipeError:
+        # the reader went away (``tvp check --format json | head -1``): nothing more to say,
+        # and no traceback when Python flushes stdout at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return EXIT_USAGE
 
 

@@ -14,6 +14,8 @@ import argparse
 import sys
 import warnings
 
+from trainverify_dsl.cli.lint_cmd import seed
+
 EXIT_AGREES = 0
 EXIT_DIFFERS = 1
 EXIT_USAGE = 2
@@ -23,7 +25,7 @@ SHOWN = 20
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="a .tvp plan file (at most 8 ranks)")
-    parser.add_argument("--seed", type=int, default=0, help="random values' seed (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="random values' seed (default 0)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds before the rank processes are killed (default 120)")
 

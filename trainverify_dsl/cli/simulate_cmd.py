@@ -68,7 +68,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from trainverify_dsl.cli.lint_cmd import add_color_option, add_model_root_option
+from trainverify_dsl.cli.lint_cmd import add_color_option, add_model_root_option, seed
 
 EXIT_AGREES = 0
 EXIT_DIFFERS = 1
@@ -102,7 +102,7 @@ class Outcome:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="a .tvp plan file")
     parser.add_argument("--format", choices=("text", "json"), default="text")
-    parser.add_argument("--seed", type=int, default=0, help="random values' seed (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="random values' seed (default 0)")
     parser.add_argument("--no-shrink", action="store_true",
                         help="simulate at the plan's own sizes (only for small models)")
     add_color_option(parser)

@@ -88,6 +88,16 @@ def test_a_refused_import_writes_nothing(tmp_path: Path) -> None:
       "--optimizer", "sgd lr=0.1 shard over dp"], "takes no 'shard over'"),
     (["--config", "llama_tiny", "--seq", "8", "--batch", "4", "--mesh", "tp=2",
       "--optimizer", "sgd lr="], "is not an optimizer"),
+    # resolved, not only parsed (these made an unlintable plan: "internal error")
+    (["--config", "llama_tiny", "--seq", "8", "--batch", "4", "--mesh", "tp=2",
+      "--optimizer", "bogus"], "unknown optimizer 'bogus'"),
+    (["--config", "llama_tiny", "--seq", "8", "--batch", "4", "--mesh", "tp=2",
+      "--optimizer", "adamw lr=x"], "is not an optimizer"),
+    (["--config", "llama_tiny", "--seq", "8", "--batch", "4", "--mesh", "tp=2",
+      "--optimizer", "sgd lr=-1"], "is not an optimizer"),
+    # one statement: a line break would write a second one into the plan
+    (["--config", "llama_tiny", "--seq", "8", "--batch", "4", "--mesh", "tp=2",
+      "--optimizer", "sgd lr=0.1\nall-reduce grad(params) over tp"], "is not one optimizer"),
     (["--config", "llama_tiny", "--spec", "stdlib/models/gpt2.py:GPT2", "--seq", "8"],
      "is not the model of config llama_tiny"),
     (["--seq", "8"], "the following arguments are required: --config"),

@@ -131,11 +131,18 @@ def _optimizer_problem(text: str | None) -> str | None:
         return None
     if re.search(r"\bshard\b", text):
         return "takes no 'shard over': the importer states the sharding the format implies"
-    from trainverify_dsl.parse import parse_source
+    if any(c in text for c in "\n\r#") or not text.isprintable():
+        return f"{text!r} is not one optimizer: no line breaks, comments or control characters"
+    from trainverify_dsl.plan.resolve import resolve_source
+    from trainverify_dsl.report.diagnostics import Severity
 
-    parsed = parse_source(f"optimizer {text}\n", "--optimizer")
-    if parsed.diagnostics:
-        return f"'{text}' is not an optimizer: {parsed.diagnostics[0].message}"
+    # resolved as a plan's statement: the kind and every hyper-parameter checked, not the
+    # syntax alone (`bogus`, `lr=x` made an unlintable plan, reported as an internal error)
+    resolved = resolve_source(f"plan p\nmesh dp=1\noptimizer {text}\n", "--optimizer")
+    found = [d for d in resolved.diagnostics
+             if d.severity is Severity.ERROR and d.span.line == 3]
+    if found:
+        return f"'{text}' is not an optimizer: {found[0].message}"
     return None
 
 

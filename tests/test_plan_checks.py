@@ -357,3 +357,20 @@ def test_an_optimizer_default_written_out_is_the_default(tmp_path: Path, stated:
                                                           f"lr=0.001 {stated}\n"}))
     (found,) = lint_files(tmp_path, {"main.tvp": head + "optimizer adamw lr=0.001 eps=1.1e-8\n"})
     assert (found.code.id, found.span.line) == ("TVP280", 8)
+
+
+@pytest.mark.parametrize(("optimizer", "code", "col"), [
+    ("optimizer sgd lr=1e400", "TVP255", 15),   # not a float64
+    ("optimizer sgd lr=-0.1", "TVP255", 15),    # negative
+    ("optimizer sgd lr=0x10", "TVP125", None),  # not read at all
+])
+def test_a_bad_optimizer_value_is_reported_once_at_the_value(
+        tmp_path: Path, optimizer: str, code: str, col: int | None) -> None:
+    """One error, at the value: not a second TVP280 comparing "lr=None" with the spec's, and
+    not "the plan has no `optimizer` statement" for a statement the parser could not read."""
+    text = ('plan demo\nspec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1\n'
+            "spec-optimizer sgd lr=0.1\nmesh dp=2\nsplit x [dp, -]\nsplit target [dp, -]\n"
+            f"all-reduce grad(params) over dp op=avg\n{optimizer}\n")
+    (found,) = lint_files(tmp_path, {"main.tvp": text})
+    assert (found.code.id, found.span.line) == (code, 8)
+    assert col is None or found.span.col == col

@@ -34,7 +34,7 @@ from trainverify_dsl.plan.model import (
 from trainverify_dsl.plan.overlap import find_overlap_conflicts
 from trainverify_dsl.plan.recipe import recipe_problems
 from trainverify_dsl.report import codes_plan as codes
-from trainverify_dsl.report.diagnostics import Collector, Diagnostic
+from trainverify_dsl.report.diagnostics import Collector, Diagnostic, Severity
 
 CONFIGS_JSON = Path("stdlib") / "models" / "configs.json"
 #: Without a known layer count, layer checks enumerate up to the largest bound written;
@@ -42,7 +42,9 @@ CONFIGS_JSON = Path("stdlib") / "models" / "configs.json"
 MAX_ASSUMED_LAYERS = 100_000
 
 
-def check_plan(plan: Plan, collector: Collector, project_root: Path) -> None:
+def check_plan(plan: Plan, collector: Collector, project_root: Path,
+               parse_errors: bool = False) -> None:
+    """``parse_errors``: the main file has statements the parser could not read."""
     if plan.mesh is None:
         return
     for finding in find_input_problems(plan):
@@ -54,7 +56,11 @@ def check_plan(plan: Plan, collector: Collector, project_root: Path) -> None:
         collector.add(diagnostic)
     if n_layers is not None:
         collector.extend(find_layers_out_of_range(plan, n_layers))
-    collector.extend(recipe_problems(plan))
+    # a statement the parser could not read may be the optimizer: "no optimizer" would be
+    # a second, wrong report of the syntax error
+    unread = parse_errors or any(d.code.id.startswith("TVP1") and d.severity is Severity.ERROR
+                                 for d in collector.items)
+    collector.extend(recipe_problems(plan, unread_statements=unread))
     collector.extend(find_pipeline_axis_misuse(plan))
     collector.extend(find_gradient_statement_kinds(plan))
     collector.extend(find_sync_timing_problems(plan))

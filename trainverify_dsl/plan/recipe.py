@@ -40,8 +40,10 @@ def _show(value: object) -> str:
     return str(value)
 
 
-def recipe_problems(plan: Plan) -> list[Diagnostic]:
-    return _optimizer_problems(plan) + _clip_problems(plan)
+def recipe_problems(plan: Plan, *, unread_statements: bool = False) -> list[Diagnostic]:
+    """``unread_statements``: the file has statements the parser could not read (one of them
+    may be the missing ``optimizer``)."""
+    return _optimizer_problems(plan, unread_statements) + _clip_problems(plan)
 
 
 def _clip_problems(plan: Plan) -> list[Diagnostic]:
@@ -68,9 +70,9 @@ def _clip_problems(plan: Plan) -> list[Diagnostic]:
     return []
 
 
-def _optimizer_problems(plan: Plan) -> list[Diagnostic]:
+def _optimizer_problems(plan: Plan, unread_statements: bool) -> list[Diagnostic]:
     mine, ref = plan.optimizer, plan.spec_optimizer
-    if mine is None and ref is not None:
+    if mine is None and ref is not None and not unread_statements:
         hyper = " ".join(f"{k}={_show(v)}" for k, v in ref.hyper)
         return [messages.at(codes.OPTIMIZER_DIFFERS, f"the spec's step updates the parameters "
                             f"with {ref.kind}, but the plan has no `optimizer` statement",
@@ -84,7 +86,9 @@ def _optimizer_problems(plan: Plan) -> list[Diagnostic]:
                             f"spec's is {ref.kind}", mine.origin,
                             related=((ref.origin.report_span, "the spec's optimizer"),))]
     a, b = filled(mine), filled(ref)
-    differ = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    if set(a) != set(b) or None in a.values() or None in b.values():
+        return []  # a missing or invalid value (lr=1e400) has its own error at the option
+    differ = [k for k in sorted(a) if a[k] != b[k]]
     if not differ:
         return []
     what = ", ".join(f"{k}={_show(a.get(k))} (spec: {_show(b.get(k))})" for k in differ)

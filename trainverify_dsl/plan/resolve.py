@@ -23,7 +23,7 @@ from trainverify_dsl.plan.expand import Expander, Loader
 from trainverify_dsl.plan.model import Origin, Plan
 from trainverify_dsl.report import codes_plan as codes
 from trainverify_dsl.report import codes_syntax
-from trainverify_dsl.report.diagnostics import Collector, Diagnostic
+from trainverify_dsl.report.diagnostics import Collector, Diagnostic, Severity
 from trainverify_dsl.report.span import Span
 
 
@@ -53,9 +53,11 @@ def unreadable(display: str) -> Diagnostic:
 
 def resolve_plan_file(plan_file: ast.PlanFile, *,
                       project_root: Path = trainverify_dsl.PROJECT_ROOT,
-                      loader: Loader | None = None) -> ResolveResult:
+                      loader: Loader | None = None,
+                      parse_errors: bool = False) -> ResolveResult:
     """Resolve an already parsed main file. ``loader`` reads ``use``d files (default: read
-    and parse from disk); tests pass an in-memory one."""
+    and parse from disk); tests pass an in-memory one. ``parse_errors``: the parser could
+    not read some statements of the main file (checks that a statement is missing wait)."""
     collector = Collector()
     try:
         expansion = Expander(plan_file, loader or parse_loader, Path(project_root),
@@ -69,7 +71,7 @@ def resolve_plan_file(plan_file: ast.PlanFile, *,
     try:
         plan = Builder(expansion.leaves, plan_file.path, expansion.files, collector,
                        has_header=has_header).build()
-        check_plan(plan, collector, Path(project_root))
+        check_plan(plan, collector, Path(project_root), parse_errors)
     except RecursionError:
         collector.add(_too_deep(plan_file))
         return ResolveResult(None, _sorted(collector))
@@ -127,7 +129,9 @@ def _resolve_parsed(plan_file: ast.PlanFile | None, diagnostics: tuple[Diagnosti
                     project_root: Path, loader: Loader | None) -> ResolveResult:
     if plan_file is None:
         return ResolveResult(None, _sorted_list(diagnostics))
-    result = resolve_plan_file(plan_file, project_root=project_root, loader=loader)
+    result = resolve_plan_file(plan_file, project_root=project_root, loader=loader,
+                               parse_errors=any(d.severity is Severity.ERROR
+                                                for d in diagnostics))
     return ResolveResult(result.plan, _sorted_list(diagnostics + result.diagnostics))
 
 

@@ -93,6 +93,8 @@ def test_the_cli_refuses_a_bomb_without_importing_torch(tmp_path: Path, command:
         assert [f["severity"] for f in doc["plans"][0]["diagnostics"]] == ["warning"]
         assert doc["verdict"] == "inconclusive"
         assert doc["plans"][0]["reason"].startswith("not checked: ")
+        # the limit on ranks is no memory budget: no --max-memory advice
+        assert "--max-memory" not in doc["plans"][0]["reason"]
     assert found == [("TVP501", 4)]
 
 

@@ -101,5 +101,6 @@ def refused(plan: str, diagnostics: list[Any]) -> Verdict:
     "the plan has errors" (the plan may be correct); its diagnostics are warnings here."""
     diagnostics = [replace(d, level=Severity.WARNING) for d in diagnostics]
     return Verdict(INCONCLUSIVE, plan, diagnostics=diagnostics,
-                   reason="not checked: " + "; ".join(d.message for d in diagnostics)
-                   + " (TVP501; --max-memory raises the memory budget)")
+                   reason="not checked: " + "; ".join(
+                       d.message + (f" (TVP501: {d.help})" if d.help else " (TVP501)")
+                       for d in diagnostics))

@@ -311,3 +311,58 @@ def test_token_mean_over_torchs_cross_entropy_is_verified(tmp_path: Path) -> Non
     right = user_lm_plan(tmp_path, "loss-reduction token-mean", "sum")
     assert simulate_file(right).agrees
     assert check_file(right).verdict == "verified"
+
+
+SUM_MODEL = '''import torch
+from torch import nn
+
+
+class SumLoss(nn.Module):
+    """A squared error summed over the batch: no mean, no count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def input_specs(self, batch, seq):
+        dt = torch.get_default_dtype()
+        return {"inp": ((batch, 4), dt), "tgt": ((batch, 2), dt)}
+
+    def forward(self, inp, tgt):
+        e = self.lin(inp) - tgt
+        return (e * e).sum()
+'''
+
+
+def sum_plan(tmp_path: Path, reduction: str, op: str) -> Path:
+    (tmp_path / "sum_loss.py").write_text(SUM_MODEL)
+    return plan(tmp_path, 'plan s\nspec "sum_loss.py:SumLoss" batch 8 seq 1\n'
+                "spec-optimizer sgd lr=0.1\nmesh dp=2\nmicrobatches 2\n"
+                f"{reduction}\nsplit inp [dp, -]\nsplit tgt [dp, -]\n"
+                f"all-reduce grad(params) over dp op={op}\noptimizer sgd lr=0.1\n")
+
+
+def test_a_loss_summed_over_the_batch_is_loss_reduction_sum(tmp_path: Path) -> None:
+    """An outside user's plain-sum loss: data parallel with `loss-reduction sum scale=1` and
+    summed gradients is the spec's step (the logical loss is the sum of the local ones);
+    `op=avg` differs. It was refused (TVP414 "needs a mean") and, without the statement,
+    reported as gradients "2 times the spec's" (TVP411), which they were not."""
+    from trainverify_dsl.api import check_file
+
+    right = sum_plan(tmp_path, "loss-reduction sum scale=1", "sum")
+    assert simulate_file(right).agrees
+    assert check_file(right).verdict == "verified"
+    wrong = sum_plan(tmp_path, "loss-reduction sum scale=1", "avg")
+    assert not simulate_file(wrong, stop_on_errors=False).agrees
+
+
+@pytest.mark.parametrize("reduction", ["", "loss-reduction token-mean"])
+def test_a_loss_summed_over_the_batch_under_a_mean_is_an_error_at_the_statement(
+        tmp_path: Path, reduction: str) -> None:
+    path = sum_plan(tmp_path, reduction, "sum")
+    with pytest.raises(SimulationSetupError) as raised:
+        simulate_file(path)
+    (found,) = raised.value.diagnostics
+    assert found.code.id == "TVP414" and "sum over every element" in found.message
+    assert found.span.line == (6 if reduction else 2)  # the statement, else the spec line
+    assert "loss-reduction sum scale=1" in (found.help or "")

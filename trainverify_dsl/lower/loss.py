@@ -44,13 +44,16 @@ COUNT = "loss.count"
 
 @dataclass(frozen=True, slots=True)
 class Root:
-    """The spec loss's normaliser: ``node`` is the ``mean`` or the ``div``; for a ratio
-    ``numerator``/``count`` are its operands, for a mean ``numerator`` is the averaged
-    tensor and ``count`` is ``None``."""
+    """The spec loss's normaliser: ``node`` is the ``mean``, the ``div`` or a ``sum``; for a
+    ratio ``numerator``/``count`` are its operands, for a mean or a sum ``numerator`` is the
+    averaged (summed) tensor and ``count`` is ``None``. A loss ending in a plain ``sum`` over
+    every dimension has no normaliser (``summed``): its value over a split batch is the sum
+    of the local losses, which only ``loss-reduction sum`` states."""
 
     node: torch.fx.Node
     numerator: torch.fx.Node
     count: torch.fx.Node | None
+    summed: bool = False
 
 
 def find_root(loss: Any) -> Root | None:
@@ -78,14 +81,14 @@ def find_root(loss: Any) -> Root | None:
     if name == "aten.div" and len(node.args) == 2 and \
             all(isinstance(a, torch.fx.Node) for a in node.args):
         return Root(node, node.args[0], node.args[1])
-    if name == "aten.mean" and isinstance(node.args[0], torch.fx.Node):
+    if name in ("aten.mean", "aten.sum") and isinstance(node.args[0], torch.fx.Node):
         x = node.args[0]
         rank = x.meta["val"].dim()
         dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
         if dims is None or dims == [] or \
                 {d % rank for d in (dims if isinstance(dims, (list, tuple)) else [dims])} \
                 == set(range(rank)):
-            return Root(node, x, None)
+            return Root(node, x, None, summed=name == "aten.sum")
     return None
 
 
@@ -96,10 +99,12 @@ def mode_of(plan: Any) -> str:
 
 def intercepts(plan: Any, root: Root | None) -> bool:
     """Whether the loss's normaliser is lowered here (else by the ordinary rules): a ratio
-    always, a mean when the plan states a reduction other than ``local-mean``."""
+    and a plain sum always, a mean when the plan states a reduction other than
+    ``local-mean``."""
     if root is None:
         return False
-    return root.count is not None or mode_of(plan) != vocab.LOSS_REDUCTION_DEFAULT
+    return root.count is not None or root.summed or \
+        mode_of(plan) != vocab.LOSS_REDUCTION_DEFAULT
 
 
 def no_root(plan: Any) -> LoweringError:
@@ -111,15 +116,36 @@ def no_root(plan: Any) -> LoweringError:
         reduction.origin, "loss"))
 
 
+def summed_loss(plan: Any, root: Root) -> LoweringError:
+    """A loss that sums over the batch, under a reduction that averages or counts."""
+    reduction = plan.loss_reduction
+    mode = mode_of(plan)
+    origin = reduction.origin if reduction is not None else plan.spec.origin
+    said = f"`loss-reduction {mode}`" if reduction is not None else \
+        "the default `loss-reduction local-mean`"
+    return LoweringError(Finding(
+        codes_lower.LOSS_REDUCTION_MISMATCH,
+        f"the spec's loss ends in a sum over every element, not a mean or a sum divided by a "
+        f"token count: over a split batch its value is the sum of the ranks' local losses, "
+        f"while {said} {'averages them' if mode == 'local-mean' else 'divides by a count'} "
+        "(docs/semantics.md Rule 4.5)", origin, "loss",
+        "state `loss-reduction sum scale=1` and sum the gradients (`op=sum`); if the loss "
+        "divides that sum by a size read in Python (`x.shape[0]`), write `.mean()` instead: "
+        "each rank of a real run reads its own, smaller size"))
+
+
 def lower_root(lw: Any, root: Root) -> tuple[torch.fx.Node, TLayout]:
     """The local normaliser of the spec's loss, on the loss stage (``lw.stage``)."""
     stage = lw.stage
+    if root.summed and mode_of(lw.plan) != "sum":
+        raise summed_loss(lw.plan, root)
     if root.count is None:  # a mean: its sum over every dimension, the local element count
         x = root.numerator
         lay = lw.layout(x)
         if lay.partial:
             raise LoweringError(Finding(
-                codes_lower.PARTIAL_NONLINEAR, "the loss averages a partial sum over "
+                codes_lower.PARTIAL_NONLINEAR, f"the loss {'sums' if root.summed else 'averages'} "
+                f"a partial sum over "
                 f"{', '.join(lay.partial[1])}: reduce it first", lay.cause, "loss"))
         local_x = lw.value(stage, x)
         numerator = lw.emit(aten.sum.dim_IntList, (local_x, []))
@@ -215,4 +241,4 @@ def _axes_text(lay: TLayout) -> str:
 
 
 __all__ = ["COUNT", "DENOMINATOR", "Root", "find_root", "intercepts", "lower_root",
-           "normalise", "no_root"]
+           "normalise", "no_root", "summed_loss"]

@@ -190,3 +190,15 @@ def test_gradient_statements_that_do_not_sum(tmp_path) -> None:
     line = _line("mlp_dp_tp.tvp", "split fc1.out") + 1
     assert found == [("TVP411", line)], found
     assert "come out 2 times the spec's" in message
+
+
+def test_a_weight_split_on_its_contracted_dimension_is_blamed_not_the_bias(tmp_path) -> None:
+    """`split fc1.weight [-, tp]` (the input dimension) before a correct `split fc1.bias [tp]`:
+    the matrix product's TVP403 stands at the weight's statement, the split the other operand
+    lacks (an outside user's plan had it at the bias, the op's latest statement)."""
+    found, message = _lint_variant(
+        tmp_path, "mlp_dp_tp.tvp", "apply column_parallel_bias(fc1, tp)\n",
+        "split fc1.weight [-, tp]\nsplit fc1.bias [tp]\ncopy fc1.in over tp\n")
+    weight = _line("mlp_dp_tp.tvp", "apply column_parallel_bias")
+    assert found[0] == ("TVP403", weight), found
+    assert "contracted dimension" in message

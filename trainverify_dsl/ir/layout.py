@@ -58,9 +58,13 @@ class LayoutError(ValueError):
     whose splits disagree, when known: the lowering blames the statement that brought them
     into the operands, not the last statement it read."""
 
-    def __init__(self, message: str, axes: tuple[str, ...] = ()) -> None:
+    def __init__(self, message: str, axes: tuple[str, ...] = (),
+                 operand: int | None = None) -> None:
         super().__init__(message)
         self.axes = axes
+        #: the op's argument whose split the others lack, when a rule knows it (a
+        #: contraction split on one side only): the statement behind it is blamed
+        self.operand = operand
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,6 +230,15 @@ class _Lowering:
                  [self.causes.get(self.current, {}).get(a)] if entry is not None]
         return latest(found) or self.current_cause
 
+    def _operand_cause(self, node: torch.fx.Node, error: LayoutError) -> Any:
+        """The statement behind the argument a layout error names (``error.operand``), for
+        the axes it names: the split the other operands lack."""
+        if error.operand is None or error.operand >= len(node.args):
+            return None
+        arg = node.args[error.operand]
+        entries = self.causes.get(arg, {}) if isinstance(arg, torch.fx.Node) else {}
+        return latest(e for a, e in entries.items() if a in error.axes or not error.axes)
+
     def finding(self, code: Code, message: str, layout: TLayout | None = None) -> None:
         span = layout.cause if layout is not None and layout.cause is not None else \
             self.current_cause
@@ -526,7 +535,8 @@ class _Lowering:
             else:
                 result = rule(self, node.args, dict(node.kwargs), node.meta["val"])
         except LayoutError as error:
-            blamed = self.cause_for(error.axes) if error.axes else self.current_cause
+            blamed = self._operand_cause(node, error) or (
+                self.cause_for(error.axes) if error.axes else self.current_cause)
             raise LoweringError(Finding(codes_lower.LAYOUT_MISMATCH,
                                         f"{name.removeprefix('aten.')} in "
                                         f"{self._where()}: {error}", blamed,

@@ -352,12 +352,21 @@ def _split(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
 # -- contractions -------------------------------------------------------------------------
 
 
-def _contract(ctx: RuleCtx, a: TLayout, b: TLayout, ka: int, kb: int, what: str) -> \
+def _contract(ctx: RuleCtx, a: TLayout, b: TLayout, ka: int, kb: int, what: str,
+              operands: tuple[int, int] = (0, 1)) -> \
         tuple[tuple[str, tuple[str, ...]] | None, Any]:
+    """``operands``: the op's arguments ``a`` and ``b`` are (a split on one side only
+    blames the statement behind that argument)."""
     if not same_dim(a.dims[ka], b.dims[kb]):
+        on_a = {x for f in normalize_dim(a.dims[ka]) for x in f.axes}
+        on_b = {x for f in normalize_dim(b.dims[kb]) for x in f.axes}
+        # the side split where the other is not is the statement to blame (a weight split on
+        # its input dimension, an activation left split), not the op's latest statement
+        operand = operands[0] if on_a > on_b else operands[1] if on_b > on_a else None
         raise LayoutError(f"{what}: the contracted dimension is split as "
                           f"{TLayout((a.dims[ka],)).describe()} on one side and "
-                          f"{TLayout((b.dims[kb],)).describe()} on the other")
+                          f"{TLayout((b.dims[kb],)).describe()} on the other",
+                          tuple(sorted(on_a ^ on_b)), operand)
     axes = tuple(x for f in normalize_dim(a.dims[ka]) for x in f.axes)
     if a.partial and b.partial:
         ctx.finding(codes_lower.PARTIAL_NONLINEAR, f"{what} of two partial sums", a)
@@ -523,7 +532,7 @@ def _embedding(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any],
 def _addmm(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Result:
     """``bias + a @ b``: the product's layout, with the bias broadcast onto it."""
     bias, a, b = (ctx.layout(x) for x in args[:3])
-    partial, cause = _contract(ctx, a, b, 1, 0, "matrix product")
+    partial, cause = _contract(ctx, a, b, 1, 0, "matrix product", (1, 2))
     product = TLayout((a.dims[0], b.dims[1])).with_partial(partial, cause or ctx.current_cause)
     if bias.rank and not same_dim(bias.dims[-1], product.dims[1]):
         raise LayoutError(f"bias split as {bias.describe()} added to a product split as "

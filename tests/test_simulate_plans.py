@@ -229,3 +229,43 @@ def test_a_spec_line_setting_of_the_wrong_kind_is_an_error_at_the_spec_line(
     assert main(["lint", "--spec", str(path)]) == 1
     out = capsys.readouterr().out
     assert f"{path}:{line}:1: error:" in out and "[TVP303]" in out and says in out, out
+
+
+OFF_BY_ONE = '''import torch
+from torch import nn
+
+
+class OffByOne(nn.Module):
+    """Looks up ids - 1: id 0 becomes -1, an index torch's embedding rejects when it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(8, 4)
+        self.head = nn.Linear(4, 1)
+
+    def input_specs(self, batch, seq):
+        return {"ids": ((batch, seq), torch.int64)}
+
+    def forward(self, ids):
+        return self.head(self.emb(ids - 1)).mean()
+'''
+
+
+def test_a_model_that_fails_on_the_drawn_inputs_is_located_in_its_code(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The model traces (fake tensors hold no values) but its own code fails when the check
+    against eager torch runs it: an error at the model's line, not an internal error."""
+    (tmp_path / "off.py").write_text(OFF_BY_ONE, encoding="utf-8")
+    path = tmp_path / "plan.tvp"
+    path.write_text('plan off\nspec "off.py:OffByOne" batch 4 seq 2\nmesh dp=2\n'
+                    "split ids [dp, -]\nall-reduce grad(params) over dp op=avg\n",
+                    encoding="utf-8")
+    for command in (["simulate"], ["check", "--no-cache"]):
+        assert main([*command, str(path)]) == 1
+        captured = capsys.readouterr()
+        out = captured.out + captured.err
+        assert "running the model eagerly on the drawn inputs failed: IndexError" in out, out
+        line = 1 + next(i for i, text in enumerate(OFF_BY_ONE.splitlines())
+                        if "ids - 1" in text)
+        assert f"{tmp_path / 'off.py'}:{line}:1: error:" in out, out
+        assert "internal error" not in out and "Traceback" not in out

@@ -21,7 +21,9 @@ import numpy as np
 import torch
 
 from trainverify_dsl.spec import optim
+from trainverify_dsl.spec.load import USER_CODE_ERRORS
 from trainverify_dsl.spec.marks import POINT, point_values
+from trainverify_dsl.spec.trace import run_error
 
 #: the IR's state names (``spec.optim``) -> torch.optim's
 TORCH_STATE = {"m": "exp_avg", "v": "exp_avg_sq", "momentum": "momentum_buffer"}
@@ -81,10 +83,12 @@ def torch_step(model: torch.nn.Module, values: Mapping[str, np.ndarray], data: S
     handles = _record_points(net, points, out)
     try:
         loss = net(*(torch.from_numpy(np.asarray(values[d])) for d in data))
+        loss.backward()
+    except USER_CODE_ERRORS as error:  # the model's own code: located, not a traceback
+        raise run_error(error, model) from None
     finally:
         for handle in handles:
             handle.remove()
-    loss.backward()
     named = dict(net.named_parameters())
     out["loss"] = loss.detach().numpy().copy()
     for name, p in named.items():

@@ -701,6 +701,16 @@ def _user_frames(error: BaseException) -> list[traceback.FrameSummary]:
     return []
 
 
+def run_error(error: BaseException, model: nn.Module) -> SpecError:
+    """The model's own code failing when it runs eagerly on the drawn inputs (the check of
+    the reference step against torch): a diagnostic at the user's line, never a traceback
+    (an index the model does not guard, a value its code rejects)."""
+    found = _trace_error(error, model)
+    (d,) = found.diagnostics
+    return SpecError([dataclasses.replace(d, message="running the model eagerly on the drawn "
+                                                     f"inputs failed: {d.message}")])
+
+
 def _trace_error(error: BaseException, model: nn.Module) -> SpecError:
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     user = _user_frames(error)

@@ -266,6 +266,6 @@ def test_a_model_that_fails_on_the_drawn_inputs_is_located_in_its_code(
         out = captured.out + captured.err
         assert "running the model eagerly on the drawn inputs failed: IndexError" in out, out
         line = 1 + next(i for i, text in enumerate(OFF_BY_ONE.splitlines())
-                        if "ids - 1" in text)
+                        if "return self.head" in text)
         assert f"{tmp_path / 'off.py'}:{line}:1: error:" in out, out
         assert "internal error" not in out and "Traceback" not in out

@@ -145,9 +145,6 @@ def small_values(values: Mapping[str, np.ndarray], buffers: set[str],
     return out
 
 
-#: The share of a masked input's entries that carry its masking value (``ignore_index``).
-MASKED_SHARE = 0.3
-
 
 def inferred_masks(program: Program, high: int) -> dict[str, int]:
     """Integer data inputs the step compares (``ne``, ``eq``, through reshapes) with a constant
@@ -181,14 +178,24 @@ def inferred_masks(program: Program, high: int) -> dict[str, int]:
 
 
 def _mask(ids: np.ndarray, value: int, rng: np.random.Generator) -> np.ndarray:
-    """Each entry masked with probability ``MASKED_SHARE``, the last entry of every row never
-    (so every row counts, and no token count of the whole batch is zero); the data blocks of
-    a plan then hold different token counts, as real batches do."""
+    """The first position of every row but the first is masked, nothing else (a 1-D input:
+    its first entry). No row is masked whole (every row counts, no count is zero), and any
+    split of the rows or of the positions into equal contiguous blocks (data axes,
+    microbatches, context parallelism; Rule 4.1) gives blocks of different token counts:
+    the block holding row 0 counts one more token per row-block than the others, the block
+    holding position 0 fewer. Drawn at random (30% of the entries, before) the counts of
+    a shrunk step's blocks came out equal about one seed in four, and a plan dividing each
+    rank's loss by its own count was then verified. ``rng`` is unused: the pattern is the
+    same for every seed (the labels' values are drawn)."""
+    del rng
     out = ids.copy()
-    hit = rng.random(ids.shape) < MASKED_SHARE
-    if hit.ndim:
-        hit[..., -1] = False
-    out[hit] = value
+    if out.ndim == 1:
+        if out.size >= 2:
+            out[0] = value
+        return out
+    if out.shape[-1] >= 2:
+        rows = out.reshape(-1, out.shape[-1])
+        rows[1:, 0] = value
     return out
 
 

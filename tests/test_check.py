@@ -392,3 +392,14 @@ def test_a_plan_the_check_could_not_handle_is_a_failure_in_sarif_and_github(
     assert "RuntimeError: boom" in invocation["toolExecutionNotifications"][0]["message"]["text"]
     assert main(["check", "--no-cache", "--format", "github", plan]) == 2
     assert "::error" in capsys.readouterr().out
+
+
+def test_a_plan_text_with_a_lone_surrogate_is_an_encoding_error_not_an_exception() -> None:
+    """`api.check(text)` never raises for a bad plan: a lone surrogate in the text (a str
+    Python allows, UTF-8 does not) was a UnicodeEncodeError; it is TVP109 at its place."""
+    from trainverify_dsl.api import TEXT_PLAN, check
+
+    verdict = check("plan x\nmesh dp=2 \ud800\n")
+    assert verdict.verdict == ERROR and verdict.exit_code == 1
+    found = [(d.code.id, d.span.file, d.span.line) for d in verdict.diagnostics]
+    assert ("TVP109", TEXT_PLAN, 2) in found

@@ -618,7 +618,9 @@ def check(plan: str | Path, *, base_dir: str | Path | None = None, **options: An
     with place as folder:
         handle, name = tempfile.mkstemp(suffix=".tvp", prefix=".tvp-check-", dir=folder)
         try:
-            with os.fdopen(handle, "w", encoding="utf-8") as f:
+            # a lone surrogate is written as the bytes it stands for: the plan then has an
+            # encoding error at its place (TVP109), not a UnicodeEncodeError here
+            with os.fdopen(handle, "w", encoding="utf-8", errors="surrogatepass") as f:
                 f.write(plan)
             verdict = check_file(name, **options)
         finally:

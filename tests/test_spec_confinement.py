@@ -78,8 +78,9 @@ def run(capsys, *argv: str) -> tuple[int, str]:
     return status, captured.out + captured.err
 
 
-@pytest.mark.parametrize("command", [["lint", "--spec"], ["simulate"]],
-                         ids=["lint-spec", "simulate"])
+@pytest.mark.parametrize("command", [["lint", "--spec"], ["simulate"], ["check", "--no-cache"],
+                                     ["run-distributed"]],
+                         ids=["lint-spec", "simulate", "check", "run-distributed"])
 @pytest.mark.parametrize("how", ["relative", "absolute", "symlink"])
 def test_a_model_outside_the_roots_is_refused_and_not_imported(layout, capsys, command, how):
     plans, elsewhere = layout
@@ -104,6 +105,16 @@ def test_the_flag_allows_a_model_outside_the_roots(layout, capsys) -> None:
     status, output = run(capsys, "lint", "--spec", "--allow-model-outside-root", str(plan))
     assert "[TVP310]" not in output and status == 0, output
     assert (elsewhere / MARKER).exists()
+
+
+def test_run_distributed_takes_the_flag_too(layout, capsys) -> None:
+    """TVP310's advice names the flag: every command that imports models has it (the
+    distributed oracle had not)."""
+    plans, elsewhere = layout
+    plan = write_plan(plans, "../elsewhere/model.py:Net")
+    status, output = run(capsys, "run-distributed", "--allow-model-outside-root", str(plan))
+    assert "[TVP310]" not in output and status == 0, output
+    assert "agrees" in output
 
 
 def test_a_model_beside_the_plan_is_found_and_allowed(tmp_path: Path, capsys) -> None:

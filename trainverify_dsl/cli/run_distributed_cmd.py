@@ -14,7 +14,7 @@ import argparse
 import sys
 import warnings
 
-from trainverify_dsl.cli.lint_cmd import seed
+from trainverify_dsl.cli.lint_cmd import add_model_root_option, seed
 
 EXIT_AGREES = 0
 EXIT_DIFFERS = 1
@@ -28,6 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed, default=0, help="random values' seed (default 0)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds before the rank processes are killed (default 120)")
+    add_model_root_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own deprecations
     try:
-        result = run_distributed(args.plan, seed=args.seed, timeout=args.timeout)
+        result = run_distributed(args.plan, seed=args.seed, timeout=args.timeout,
+                                 allow_model_outside_root=args.allow_model_outside_root)
     except LoweringError as error:
         print(f"{args.plan}: cannot be lowered: {error}")
         return EXIT_DIFFERS

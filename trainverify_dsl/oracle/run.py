@@ -88,9 +88,11 @@ class OracleResult:
         return text
 
 
-def _prepare(path: Path, folder: Path, seed: int, timeout: float) -> RankJob:
+def _prepare(path: Path, folder: Path, seed: int, timeout: float,
+             allow_model_outside_root: bool = False) -> RankJob:
     """Resolve, build, lower (here, once: the ranks are forked from this process), draw the
-    values and run the reference step. Raises ``LoweringError`` / ``OracleError``."""
+    values and run the reference step. Raises ``LoweringError`` / ``OracleError``;
+    ``allow_model_outside_root``: see ``api.prepare``."""
     from trainverify_dsl.api import prepare, resolve_plan
     from trainverify_dsl.lower.lowering import lower
     from trainverify_dsl.oracle.reference import draw_values, reference_step
@@ -115,7 +117,7 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float) -> RankJob:
         raise OracleError(f"{path}: `loss-reduction {plan.loss_reduction.mode}` is not run by "
                           "the oracle (it divides every local loss by the rank's own count; use "
                           "`tvp simulate`)")
-    setup = prepare(path)
+    setup = prepare(path, allow_model_outside_root=allow_model_outside_root)
     assert setup.real_model is not None
     lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
     _refuse_partial_embedding_groups(path, lowered)
@@ -152,12 +154,14 @@ def _refuse_partial_embedding_groups(path: Path, lowered: Any) -> None:
                               "(use `tvp simulate`)")
 
 
-def run_distributed(path: str | Path, seed: int = 0, timeout: float = 120.0) -> OracleResult:
+def run_distributed(path: str | Path, seed: int = 0, timeout: float = 120.0,
+                    allow_model_outside_root: bool = False) -> OracleResult:
     """One plan. Raises ``LoweringError`` if the plan cannot be lowered, ``OracleError`` if the
     oracle cannot run it (too many ranks, an unsupported statement, a rank that fails)."""
     with tempfile.TemporaryDirectory(prefix="tvp-oracle-") as tmp:
         start = time.perf_counter()
-        job = _prepare(Path(path).resolve(), Path(tmp) / "plan", seed, timeout)
+        job = _prepare(Path(path).resolve(), Path(tmp) / "plan", seed, timeout,
+                       allow_model_outside_root)
         result = _run(str(path), job, timeout)
         result.seconds = time.perf_counter() - start
     if result.error is not None:

@@ -145,7 +145,6 @@ def small_values(values: Mapping[str, np.ndarray], buffers: set[str],
     return out
 
 
-
 def inferred_masks(program: Program, high: int) -> dict[str, int]:
     """Integer data inputs the step compares (``ne``, ``eq``, through reshapes) with a constant
     outside the drawn range ``[0, high)``: ``labels != -100`` of torch's ``cross_entropy``,
@@ -179,7 +178,8 @@ def inferred_masks(program: Program, high: int) -> dict[str, int]:
 
 def _mask(ids: np.ndarray, value: int, rng: np.random.Generator) -> np.ndarray:
     """The first position of every row but the first is masked, nothing else (a 1-D input:
-    its first entry). No row is masked whole (every row counts, no count is zero), and any
+    its first entry, so a block of that one entry counts none). No row is masked whole
+    (every row counts), and any
     split of the rows or of the positions into equal contiguous blocks (data axes,
     microbatches, context parallelism; Rule 4.1) gives blocks of different token counts:
     the block holding row 0 counts one more token per row-block than the others, the block

@@ -45,12 +45,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.plan}: cannot be lowered: {error}")
         return EXIT_DIFFERS
     except SpecError as error:  # the spec line or the model: located, like tvp simulate's
-        for d in at_spec_line(list(error.diagnostics), args.plan):
-            print(f"{d.span}: {d.severity.value}: {d.message} [{d.code.id}]")
-            for note in d.notes:
-                print(f"  note: {note}")
-            if d.help:
-                print(f"  help: {d.help}")
+        from trainverify_dsl.cli.lint_cmd import render_diagnostics
+
+        sys.stdout.write(render_diagnostics(at_spec_line(list(error.diagnostics), args.plan),
+                                            [args.plan], "text"))
         print(f"{args.plan}: not run: the spec has errors")
         return EXIT_DIFFERS
     except (OracleError, SimulationSetupError) as error:

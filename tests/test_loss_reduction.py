@@ -296,12 +296,21 @@ class TinyLM(nn.Module):
 '''
 
 
-def user_lm_plan(tmp_path: Path, reduction: str, op: str) -> Path:
-    (tmp_path / "tiny_lm.py").write_text(USER_LM)
-    return plan(tmp_path, 'plan user_lm\nspec "tiny_lm.py:TinyLM" batch 4 seq 4\n'
+def own_model_plan(tmp_path: Path, model: tuple[str, str, str], sizes: str,
+                   inputs: tuple[str, str], reduction: str, op: str) -> Path:
+    """A data-parallel plan (dp=2, 2 microbatches, SGD) over a model file of the user's own:
+    ``model`` is (file name, source, class)."""
+    file, source, cls = model
+    (tmp_path / file).write_text(source)
+    return plan(tmp_path, f'plan own\nspec "{file}:{cls}" {sizes}\n'
                 "spec-optimizer sgd lr=0.1\nmesh dp=2\nmicrobatches 2\n"
-                f"{reduction}\nsplit ids [dp, -]\nsplit y_true [dp, -]\n"
+                f"{reduction}\nsplit {inputs[0]} [dp, -]\nsplit {inputs[1]} [dp, -]\n"
                 f"all-reduce grad(params) over dp op={op}\noptimizer sgd lr=0.1\n")
+
+
+def user_lm_plan(tmp_path: Path, reduction: str, op: str) -> Path:
+    return own_model_plan(tmp_path, ("tiny_lm.py", USER_LM, "TinyLM"), "batch 4 seq 4",
+                          ("ids", "y_true"), reduction, op)
 
 
 def test_a_models_own_cross_entropy_has_its_labels_masked_without_declaring_them(
@@ -353,11 +362,8 @@ class SumLoss(nn.Module):
 
 
 def sum_plan(tmp_path: Path, reduction: str, op: str) -> Path:
-    (tmp_path / "sum_loss.py").write_text(SUM_MODEL)
-    return plan(tmp_path, 'plan s\nspec "sum_loss.py:SumLoss" batch 8 seq 1\n'
-                "spec-optimizer sgd lr=0.1\nmesh dp=2\nmicrobatches 2\n"
-                f"{reduction}\nsplit inp [dp, -]\nsplit tgt [dp, -]\n"
-                f"all-reduce grad(params) over dp op={op}\noptimizer sgd lr=0.1\n")
+    return own_model_plan(tmp_path, ("sum_loss.py", SUM_MODEL, "SumLoss"), "batch 8 seq 1",
+                          ("inp", "tgt"), reduction, op)
 
 
 def test_a_loss_summed_over_the_batch_is_loss_reduction_sum(tmp_path: Path) -> None:

@@ -281,3 +281,27 @@ def test_project_collectives_agree_with_torch_distributed() -> None:
     for result in results.values():
         _assert_ran(result)
         assert result.max_rel_error < TOL, result.summary()
+
+
+# ---------------------------------------------------------------- masked labels
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (4, 2), (8, 4), (4, 8), (2, 3, 4), (6,)])
+def test_masked_labels_count_unevenly_in_every_block_split(shape: tuple[int, ...]) -> None:
+    """The oracle's masked labels (``mask_rows``) never give every block of an even split of
+    the rows or of the positions the same token count: a plan dividing each rank's loss by
+    its own count must differ from torch for every seed (with a random share it agreed for
+    some)."""
+    import numpy as np
+
+    from trainverify_dsl.oracle.reference import mask_rows
+
+    ids = mask_rows(np.ones(shape, dtype=np.int64), -100)
+    kept = (ids != -100)
+    assert kept.reshape(-1, shape[-1]).any(axis=-1).all()  # no row masked whole
+    for dim in range(ids.ndim):
+        for blocks in range(2, ids.shape[dim] + 1):
+            if ids.shape[dim] % blocks:
+                continue
+            counts = {int(b.sum()) for b in np.split(kept, blocks, axis=dim)}
+            assert len(counts) > 1, (dim, blocks)

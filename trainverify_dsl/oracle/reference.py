@@ -22,8 +22,6 @@ from trainverify_dsl.plan.model import Optimizer
 
 #: torch.optim's state tensors per optimizer kind (SGD without momentum keeps none; with
 #: momentum its first step creates the buffer from the gradient, so none is drawn either).
-#: the share of a masked input's entries drawn as its ignore index
-MASKED_SHARE = 0.3
 STATES = {"sgd": (), "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq")}
 
 
@@ -32,9 +30,8 @@ def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dt
     """Parameters ~ N(0, 0.5²), Adam's first moment ~ N(0, 0.1²) and second moment
     ~ U(0.01, 0.1) (positive), real inputs ~ N(0, 1), integer inputs (token ids) uniform in the
     vocabulary (the first embedding table's rows), buffers as the model built them. An input
-    the model names in ``masked_inputs()`` (labels with an ignore index) has about
-    ``MASKED_SHARE`` of its entries set to that index, never the last of a row: the data
-    blocks of a plan then count different numbers of tokens, as real batches do."""
+    the model names in ``masked_inputs()`` (labels with an ignore index) has the first
+    position of every row but the first set to that index (``mask_rows``)."""
     rng = np.random.default_rng(seed)
     values: dict[str, np.ndarray] = {}
     for name, p in model.named_parameters():
@@ -52,10 +49,7 @@ def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dt
     masked: Mapping[str, int] = getattr(model, "masked_inputs", dict)()
     for name, ignore in masked.items():
         if name in inputs:
-            hit = rng.random(values[name].shape) < MASKED_SHARE
-            if hit.ndim:
-                hit[..., -1] = False
-            values[name] = np.where(hit, ignore, values[name])
+            values[name] = mask_rows(values[name], ignore)
     for state in STATES[optimizer.kind] if optimizer else ():
         for name, p in model.named_parameters():
             if state == "exp_avg":
@@ -63,6 +57,23 @@ def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dt
             else:
                 values[f"{state}({name})"] = rng.uniform(0.01, 0.1, size=tuple(p.shape))
     return values
+
+
+def mask_rows(ids: np.ndarray, ignore: int) -> np.ndarray:
+    """``ids`` with the first position of every row but the first set to ``ignore`` (a 1-D
+    input: its first entry). Every row keeps tokens that count, and every split of the rows
+    or of the positions into equal contiguous blocks (data ranks, microbatches, context
+    chunks) counts a different number of tokens in the block holding row 0 or position 0
+    than in the others, so a plan dividing each rank's loss by its own count cannot agree
+    by chance. A random share of masked entries drew equal counts in every block for some
+    seeds."""
+    out = np.array(ids, copy=True)
+    if out.ndim == 1:
+        if out.size >= 2:
+            out[0] = ignore
+    elif out.ndim and out.shape[-1] >= 2:
+        out.reshape(-1, out.shape[-1])[1:, 0] = ignore
+    return out
 
 
 def make_optimizer(params: Iterable[torch.Tensor], optimizer: Optimizer

@@ -117,6 +117,12 @@ MODELS = textwrap.dedent('''\
             return self.lin(x).sum()
 
 
+    class Effects(Tiny):
+        def forward(self, x):
+            torch.ops.aten._print("step")  # LINE effects
+            return self.lin(x).sum()
+
+
     class NotAModule:
         pass
 
@@ -236,3 +242,24 @@ def test_cli_process_exit_code_and_clean_stderr(models) -> None:
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith(f"{models / 'models.py'}:{line_of('branch')}:1: error:")
     assert "[TVP305]" in lines[0] and len(lines) == 2, result.stderr  # diagnostic + help only
+
+
+@pytest.mark.parametrize("command", [["lint", "--spec"], ["simulate"], ["check"]])
+def test_an_op_with_side_effects_in_a_plans_model_is_a_diagnostic(command, models, capsys
+                                                                  ) -> None:
+    """torch.export threads an effect token through ``aten._print``; the plan's capture of the
+    forward met that input and raised NotImplementedError (an internal error, exit 2). Now
+    every plan command reports the op at the model line, as ``tvp spec`` does."""
+    plan = models / "effects.tvp"
+    plan.write_text('plan effects\nspec "models.py:Effects" batch 4 seq 1\n'
+                    "spec-optimizer sgd lr=0.1\nmesh dp=2\nsplit x [dp, -]\n"
+                    "all-reduce grad(params) over dp op=sum\noptimizer sgd lr=0.1\n",
+                    encoding="utf-8")
+    code = main([*command, str(plan), "--allow-model-outside-root"])
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert code == 1, text
+    assert f"models.py:{line_of('effects')}:" in text and "[TVP304]" in text, text
+    assert "'_print'" in text, text
+    assert command == ["check"] or "side effects" in text, text  # check prints no notes
+    assert "internal error" not in text and "Traceback" not in text, text

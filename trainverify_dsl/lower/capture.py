@@ -78,7 +78,7 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
         elif kind == "CONSTANT_TENSOR":
             placeholders[name] = ("constant", spec.target)
         else:
-            raise NotImplementedError(f"input kind {kind}")
+            raise _unsupported_input(exported, kind)
     gm = exported.graph_module
     constants = getattr(exported, "constants", {}) or {}
     for name, (kind, target) in placeholders.items():
@@ -87,6 +87,30 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
     modules = {path: type(m).__name__ for path, m in model.named_modules()}
     points = frozenset(f"{p}.{side}" for p in marked for side in ("in", "out"))
     return Captured(gm, placeholders, modules, points)
+
+
+def _unsupported_input(exported: torch.export.ExportedProgram, kind: str) -> Exception:
+    """An export input the IR has no kind for (an effect ``TOKEN`` threaded through an op
+    with side effects such as ``aten._print``, a script object) as the spec tracer reports
+    the op that needs it: TVP304 at the model line calling it."""
+    from trainverify_dsl.spec.fx_import import Unsupported, UnsupportedOps, user_frame
+    from trainverify_dsl.spec.trace import unsupported_error
+
+    items = [Unsupported(_op_name(node.args[1]), (module_stack(node) or ("",))[-1],
+                         f"an op with side effects: torch.export threads a {kind} input "
+                         "through it; remove the call from the training step",
+                         user_frame(node.meta.get("stack_trace")))
+             for node in exported.graph.nodes
+             if node.op == "call_function" and _op_name(node.target) == "with_effects"
+             and len(node.args) > 1]
+    if not items:
+        items = [Unsupported(f"<{kind.lower()} input>", "",
+                             f"torch.export gives the forward a {kind} input")]
+    return unsupported_error(UnsupportedOps(items))
+
+
+def _op_name(target: object) -> str:
+    return getattr(target, "__name__", str(target)).split(".")[0]
 
 
 def module_stack(node: torch.fx.Node) -> tuple[str, ...]:

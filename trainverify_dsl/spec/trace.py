@@ -581,7 +581,7 @@ def trace_training_step(model: nn.Module, input_specs: InputSpecs, optimizer: An
     except SpecError as error:
         raise _located(error, model) from None
     except UnsupportedOps as error:
-        raise _unsupported_error(error) from None
+        raise unsupported_error(error) from None
     except (Exception, SystemExit) as error:  # torch and user code raise anything
         raise _trace_error(error, model) from None
     if optimizer is not None:
@@ -630,7 +630,7 @@ def _stack_span(stack: str) -> Any:
     return Span(path, int(line), 1, int(line), 1) if line.isdigit() else spec_span("")
 
 
-def _unsupported_error(error: UnsupportedOps) -> SpecError:
+def unsupported_error(error: UnsupportedOps) -> SpecError:
     from trainverify_dsl.report.diagnostics import Diagnostic
 
     seen, diagnostics = set(), []

@@ -251,10 +251,54 @@ def _layout_pass(path: str | Path, allow_model_outside_root: bool,
     try:
         lowered = lower(plan, setup.fake_model, setup.fake_inputs)
     except LoweringError as error:
-        return [to_diagnostic(f, fallback) for f in error.findings], None
+        found = [to_diagnostic(f, fallback) for f in error.findings]
+        if error.binding is None:
+            return found, None
+        progress("looking for sizes the model reads as numbers")
+        return _size_reads(setup, error.binding, fallback) + found, None
     except SpecError as error:
         return at_spec_line(list(error.diagnostics), path), None
-    return [to_diagnostic(f, fallback) for f in lowered.findings], lowered
+    progress("looking for sizes the model reads as numbers")
+    return _size_reads(setup, lowered.binding, fallback) + \
+        [to_diagnostic(f, fallback) for f in lowered.findings], lowered
+
+
+def _size_reads(setup: SimulationSetup, binding: Any, fallback: Span) -> list[Diagnostic]:
+    """TVP311 for every number of the model's arithmetic that follows the input sizes
+    (``spec/sizes.py``) when the plan splits a dimension that changes with them: the trace
+    holds the global size, a rank of a real run its own."""
+    from trainverify_dsl.report.codes_spec import SIZE_READ
+    from trainverify_dsl.spec.load import model_input_specs
+    from trainverify_dsl.spec.sizes import size_reads
+    from trainverify_dsl.spec.trace import stack_span
+
+    plan = setup.plan
+    assert plan.spec is not None
+    model = setup.fake_model
+    reads = size_reads(model, lambda b, s: model_input_specs(model, b, s),
+                       plan.spec.batch or 1, plan.spec.seq or 1)
+    split = {(name, dim): axes for name, layout in binding.data_layouts.items()
+             for dim, axes in layout.dim_axes if axes}
+    if plan.microbatches > 1:  # microbatches cut dimension 0 of every input (Rule 4.1)
+        for name in setup.input_specs:
+            split[(name, 0)] = ("microbatches",) + tuple(split.get((name, 0), ()))
+    found = []
+    for read, changed in reads:
+        hit = sorted((name, dim, axes) for (name, dim), axes in split.items()
+                     if (name, dim) in changed)
+        if not hit:
+            continue
+        notes = tuple(f"the plan splits dimension {dim} of `{name}` over {', '.join(axes)}"
+                      for name, dim, axes in hit)
+        found.append(Diagnostic(
+            SIZE_READ, f"`{read.op}` computes with {read.value:g}, a size of the inputs read "
+            f"in Python (it is {read.doubled:g} when the inputs grow): the trace holds the "
+            "global size, but each rank of a split batch or sequence reads its own, so the "
+            "step checked would not be the step run",
+            stack_span(read.frame) if read.frame else fallback, notes,
+            help="compute the normaliser from tensors (`loss.mean()`, a count of the "
+                 "labels) instead of `x.shape[0]`, `len(x)` or `x.numel()`"))
+    return found
 
 
 # -- tvp simulate ---------------------------------------------------------------------------

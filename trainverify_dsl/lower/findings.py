@@ -44,6 +44,9 @@ class LoweringError(Exception):
     def __init__(self, *findings: Finding) -> None:
         super().__init__("; ".join(f.message for f in findings))
         self.findings = findings
+        #: the plan's binding when it was made before the error (``lower.bind.Binding``):
+        #: which inputs the plan splits, for the checks of the model that need it
+        self.binding: object | None = None
 
 
 def merge_repeats(findings: list[Finding]) -> list[Finding]:

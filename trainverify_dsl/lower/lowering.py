@@ -805,9 +805,13 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor],
                         blocks)
     if binding.errors:
         raise LoweringError(*binding.errors)
-    captured = capture_forward(model, inputs, binding.marked_modules() | set(marked))
-    lowering = _Lowering(plan, model, binding, captured, sizes)
-    lowering.run()
+    try:
+        captured = capture_forward(model, inputs, binding.marked_modules() | set(marked))
+        lowering = _Lowering(plan, model, binding, captured, sizes)
+        lowering.run()
+    except LoweringError as error:
+        error.binding = binding
+        raise
     stages = []
     for index, graph in enumerate(lowering.graphs):
         ordered = _placeholders_first(graph)

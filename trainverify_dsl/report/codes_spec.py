@@ -111,8 +111,22 @@ MODEL_OUTSIDE_ROOT = Code(
     fix='spec "models/model.py:Net" batch 8 seq 1   # a file beside the plan',
 )
 
+SIZE_READ = Code(
+    "TVP311", "size-read-as-number", Severity.ERROR,
+    "the model computes with a size of its inputs that the plan splits",
+    what="The model's arithmetic uses a number read from a tensor's size in Python "
+         "(`x.shape[0]`, `len(x)`, `x.numel()`), and the plan splits that dimension (data "
+         "ranks, microbatches, context parallelism). The trace records the global size; "
+         "each rank of a real run reads its own, smaller one.",
+    why="The program checked divides by the global size while the program run divides by "
+        "the local one: a plan could be verified and still scale its gradients by the "
+        "number of data blocks.",
+    example="# model code: return ((self.fc(x) - y) ** 2).sum() / x.shape[0]",
+    fix="# model code: return ((self.fc(x) - y) ** 2).sum(-1).mean()",
+)
+
 CODES: tuple[Code, ...] = (
     MODEL_NOT_FOUND, CONFIG_NOT_FOUND, MODEL_LOAD_FAILED, UNSUPPORTED_OP,
     DATA_DEPENDENT_SHAPE, TRACE_FAILED, BAD_INPUT_SPEC, IR_INVALID, BLOCK_REUSE_FALLBACK,
-    MODEL_OUTSIDE_ROOT,
+    MODEL_OUTSIDE_ROOT, SIZE_READ,
 )

@@ -440,7 +440,7 @@ def _trace_block(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     return forward, backward
 
 
-def _capture_stubstep_call(model: nn.Module, list_path: str,
+def capture_stub_call(model: nn.Module, list_path: str,
                        inputs: tuple[torch.Tensor, ...]) -> tuple[BlockStub, nn.ModuleList]:
     parent_path, _, attr = list_path.rpartition(".")
     parent = model.get_submodule(parent_path)
@@ -493,7 +493,7 @@ def _trace_pieces(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     if found is None:
         raise _NoReuse("the model has no nn.ModuleList of blocks")
     list_path, blocks = found
-    stub, _ = _capture_stubstep_call(model, list_path, inputs)
+    stub, _ = capture_stub_call(model, list_path, inputs)
     args, kwargs = stub.calls[0]
     tensors = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]
     if any(t.requires_grad for t in tensors[1:]):
@@ -625,7 +625,7 @@ def _trace_in_mode(model: nn.Module, specs: InputSpecs, reuse: bool,
     return SpecProgram(program, "", (), 0.0, tuple(notes))
 
 
-def _stack_span(stack: str) -> Any:
+def stack_span(stack: str) -> Any:
     path, _, line = stack.rpartition(":")
     return Span(path, int(line), 1, int(line), 1) if line.isdigit() else spec_span("")
 
@@ -641,9 +641,9 @@ def unsupported_error(error: UnsupportedOps) -> SpecError:
         where = f" in module {item.module!r}" if item.module else ""
         diagnostics.append(Diagnostic(codes.UNSUPPORTED_OP,
                                       f"ATen op {item.op!r}{where} has no IR equivalent",
-                                      _stack_span(item.stack), (item.detail,)))
+                                      stack_span(item.stack), (item.detail,)))
     return SpecError(diagnostics or [Diagnostic(codes.UNSUPPORTED_OP, "unsupported input",
-                                                _stack_span(""))])
+                                                stack_span(""))])
 
 
 @contextlib.contextmanager
@@ -719,7 +719,7 @@ def _trace_error(error: BaseException, model: nn.Module) -> SpecError:
     if user:
         span = Span(user[-1].filename, user[-1].lineno or 1, 1, user[-1].lineno or 1, 1)
     else:
-        span = _stack_span(quoted) if quoted else model_span(model)
+        span = stack_span(quoted) if quoted else model_span(model)
     if "DynamicOutputShape" in type(error).__name__ or "data-dependent" in str(error) or \
             "DataDependent" in type(error).__name__:
         return fail_at(codes.DATA_DEPENDENT_SHAPE, f"value-dependent tracing: {text}", span,

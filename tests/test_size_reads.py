@@ -1,0 +1,163 @@
+"""Sizes read as numbers (``spec/sizes.py``, TVP311): a model dividing by ``x.shape[0]``
+is traced with the global batch as a constant, while each rank of a real run reads its own.
+A plan summing such per-rank losses was VERIFIED although its run scales every gradient by
+the number of data blocks. Now the layout pass (every plan command runs it first) reports
+the read at the model line whenever the plan splits a dimension the number follows; reads
+the plan does not split, shape arguments and the shipped models are not reported."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from trainverify_dsl.api import check_file, layout_diagnostics
+from trainverify_dsl.spec.load import ModelAccess, load_model, model_input_specs, resolve_ref
+from trainverify_dsl.spec.sizes import size_reads
+
+MODELS = textwrap.dedent('''\
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def input_specs(self, batch, seq):
+            return {"x": ((batch, seq, 4), torch.float32), "y": ((batch, seq, 4), torch.float32)}
+
+
+    class PerBatch(Net):
+        def forward(self, x, y):
+            return ((self.fc(x) - y) ** 2).sum() / x.shape[0]  # LINE batch
+
+
+    class PerPosition(Net):
+        def forward(self, x, y):
+            return ((self.fc(x) - y) ** 2).mean(0).sum() / x.size(1)  # LINE seq
+
+
+    class Mean(Net):
+        def forward(self, x, y):
+            h = self.fc(x).reshape(x.shape[0], -1)  # a shape argument, not arithmetic
+            return ((h - y.reshape(y.shape[0], -1)) ** 2).sum(-1).mean()
+
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, h):
+            return self.fc(h) / h.shape[0]  # LINE block
+
+
+    class Stack(Net):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Block(), Block()])
+
+        def forward(self, x, y):
+            for layer in self.layers:
+                x = layer(x)
+            return ((self.fc(x) - y) ** 2).mean()
+''')
+
+
+def line_of(marker: str) -> int:
+    return next(i for i, text in enumerate(MODELS.splitlines(), 1) if f"# LINE {marker}" in text)
+
+
+def plan(tmp_path: Path, cls: str, body: str, sizes: str = "batch 8 seq 2") -> Path:
+    (tmp_path / "models.py").write_text(MODELS, encoding="utf-8")
+    path = tmp_path / f"{cls.lower()}.tvp"
+    path.write_text(f'plan p\nspec "models.py:{cls}" {sizes}\nspec-optimizer sgd lr=0.1\n'
+                    f"{body}optimizer sgd lr=0.1\n", encoding="utf-8")
+    return path
+
+
+DP_SUM = ("mesh dp=2\nloss-reduction sum scale=1\nsplit x [dp, -, -]\nsplit y [dp, -, -]\n"
+          "all-reduce grad(params) over dp op=sum\n")
+DP_AVG = "mesh dp=2\nsplit x [dp, -, -]\nsplit y [dp, -, -]\nall-reduce grad(params) over dp op=avg\n"
+
+
+def size_errors(path: Path) -> list:
+    return [d for d in layout_diagnostics(path, allow_model_outside_root=True)
+            if d.code.id == "TVP311"]
+
+
+def test_a_loss_divided_by_the_batch_read_in_python_is_an_error_at_the_model_line(
+        tmp_path: Path) -> None:
+    """Summed over dp=2 with op=sum the plan matched the traced step (both divide by 8) and
+    was verified; a real run divides each rank's sum by 4 and doubles every gradient."""
+    path = plan(tmp_path, "PerBatch", DP_SUM)
+    [error] = size_errors(path)
+    assert error.span.file.endswith("models.py") and error.span.line == line_of("batch")
+    assert "8" in error.message and "16" in error.message  # global and doubled batch
+    assert any("dimension 0 of `x` over dp" in n for n in error.notes)
+    verdict = check_file(path, allow_model_outside_root=True)
+    assert verdict.verdict != "verified"
+    assert any(d.code.id == "TVP311" for d in verdict.diagnostics)
+
+
+def test_microbatches_split_the_batch_too(tmp_path: Path) -> None:
+    path = plan(tmp_path, "PerBatch", "mesh dp=2\nmicrobatches 2\nloss-scale 1/microbatches\n"
+                "all-reduce grad(params) over dp op=avg\n")
+    [error] = size_errors(path)
+    assert any("microbatches" in n for n in error.notes)
+
+
+def test_a_size_the_plan_does_not_split_is_every_ranks_own(tmp_path: Path) -> None:
+    """Every rank reads the whole batch (no split, one microbatch): its x.shape[0] is the
+    global one, and nothing is reported."""
+    path = plan(tmp_path, "PerBatch", "mesh dp=2\nall-reduce grad(params) over dp op=avg\n")
+    assert size_errors(path) == []
+
+
+def test_a_position_count_read_under_a_sequence_split(tmp_path: Path) -> None:
+    path = plan(tmp_path, "PerPosition", "mesh cp=2\nsplit x [-, cp, -]\nsplit y [-, cp, -]\n"
+                "all-reduce grad(params) over cp op=sum\n")
+    [error] = size_errors(path)
+    assert error.span.line == line_of("seq")
+    assert any("dimension 1 of `x` over cp" in n for n in error.notes)
+    # the batch is not split: the same read is every rank's own there
+    assert size_errors(plan(tmp_path, "PerPosition", DP_AVG)) == []
+
+
+def test_a_read_inside_a_block_is_found(tmp_path: Path) -> None:
+    [error] = size_errors(plan(tmp_path, "Stack", DP_AVG))
+    assert error.span.line == line_of("block")
+
+
+def test_sizes_as_shape_arguments_and_means_are_not_reads(tmp_path: Path) -> None:
+    path = plan(tmp_path, "Mean", DP_AVG)
+    assert size_errors(path) == []
+    assert check_file(path, allow_model_outside_root=True).verdict == "verified"
+
+
+@pytest.mark.parametrize("model,config", [
+    ("stdlib/models/llama.py:Llama", "llama_tiny"),
+    ("stdlib/models/gpt2.py:GPT2", "gpt2_tiny"),
+    ("stdlib/models/deepseek.py:DeepSeekV3", "deepseek_tiny"),
+    ("stdlib/models/mlp.py:MLP", "mlp_tiny"),
+    ("stdlib/models/llama.py:Llama", "llama3_405b"),
+])
+def test_the_shipped_models_read_no_size(model: str, config: str,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainverify_dsl.spec import sizes
+
+    root = Path(__file__).resolve().parent.parent
+    fake = load_model(resolve_ref(model, config, ModelAccess(base=root)), fake=True)
+    assert size_reads(fake, lambda b, s: model_input_specs(fake, b, s), 8, 4) == []
+
+    class Every:  # every op's numbers compared: the shapes' own differ, so the graphs were
+        def __contains__(self, op: object) -> bool:  # exported and compared (not vacuous)
+            return True
+
+    if model.endswith(":MLP"):  # no shape argument at all: nothing to show
+        return
+    monkeypatch.setattr(sizes, "ARITHMETIC", Every())
+    assert size_reads(fake, lambda b, s: model_input_specs(fake, b, s), 8, 4) != []

@@ -1,0 +1,156 @@
+"""Sizes read as numbers: arithmetic on a size of the inputs, found by exporting twice.
+
+A model that divides by ``x.shape[0]`` (or ``len(x)``, ``labels.numel()``, ``x.size(1)``)
+reads a size in Python: torch.export records the number, so the spec's step and the plan's
+program (which takes the spec's constants, docs/semantics.md §4.2) both divide by the
+global size. A rank of a real run reads its own, smaller size when the plan splits that
+dimension (data ranks, microbatches, context parallelism), so the program checked would not
+be the program run: a plan summing such losses is right on paper and wrong by the number
+of data blocks in the run.
+
+The reads are found by exporting the model's forward at the plan's sizes, again with
+``batch`` doubled and again with ``seq`` doubled (fake tensors, no decomposition): two graphs of one structure
+whose arithmetic ops differ in a number hold a number that follows the sizes. Shape
+arguments (``view``, ``expand``, ``arange``, ``slice`` ends) are not arithmetic and may
+differ. To keep the cost independent of depth, the model is exported with its block list
+replaced by a stub (``spec/cut.py``; the embedding, the head and the loss, where a
+normaliser sits) and the first block of each class on its own. Graphs whose structure
+changes with the sizes (a Python loop over rows) and models whose ``input_specs`` or
+forward reject the larger sizes are not compared: nothing is reported for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainverify_dsl.spec.cut import BlockStub
+from trainverify_dsl.spec.fx_import import user_frame
+from trainverify_dsl.spec.trace import (
+    _BlockCall,
+    _export,
+    _fake_mode_of,
+    capture_stub_call,
+    find_block_list,
+)
+
+#: ATen ops (by overload packet) whose number arguments are values, not shapes
+ARITHMETIC = frozenset({
+    "add", "sub", "rsub", "mul", "div", "true_divide", "floor_divide", "pow", "remainder",
+    "fmod", "clamp", "clamp_min", "clamp_max", "masked_fill", "fill", "where", "lerp",
+    "addcmul", "addcdiv", "scalar_tensor", "full_like", "maximum", "minimum",
+})
+
+#: (batch, seq) -> {input: (shape, dtype)}
+SpecsAt = Callable[[int, int], Mapping[str, tuple[Any, torch.dtype]]]
+
+
+@dataclass(frozen=True)
+class SizeRead:
+    """A number in the model's arithmetic that follows the input sizes."""
+
+    #: the number at the plan's sizes and with the size it follows doubled
+    value: float
+    doubled: float
+    #: the ATen op (``div``) and the model code calling it (``path:line``, or ``""``)
+    op: str
+    frame: str
+
+
+def size_reads(model: nn.Module, specs_at: SpecsAt, batch: int, seq: int
+               ) -> list[tuple[SizeRead, frozenset[tuple[str, int]]]]:
+    """The numbers of ``model``'s arithmetic that change when ``batch`` doubles, and those
+    that change when ``seq`` does, each with the input dimensions (name, dim) that change
+    with that size. ``model`` is fake."""
+    try:
+        small = specs_at(batch, seq)
+        base = _fake_inputs(model, small)
+    except Exception:  # noqa: BLE001 - user code: its errors are the tracer's to report
+        return []
+    found = []
+    for bigger in ((2 * batch, seq), (batch, 2 * seq)):
+        try:
+            large = specs_at(*bigger)
+            reads = list(_reads(model, base, _fake_inputs(model, large)))
+        except Exception:  # noqa: BLE001 - user code rejects the larger size: not compared
+            continue
+        changed = frozenset((name, d) for name, (shape, _) in small.items()
+                            for d, (a, b) in enumerate(zip(shape, large[name][0], strict=False))
+                            if a != b)
+        found += [(read, changed) for read in reads]
+    return found
+
+
+def _fake_inputs(model: nn.Module, specs: Mapping[str, tuple[Any, torch.dtype]]
+                 ) -> tuple[torch.Tensor, ...]:
+    with _fake_mode_of(model):
+        return tuple(torch.zeros(tuple(int(s) for s in shape), dtype=dtype)
+                     for shape, dtype in specs.values())
+
+
+def _reads(model: nn.Module, small: tuple[torch.Tensor, ...], large: tuple[torch.Tensor, ...]
+           ) -> Iterator[SizeRead]:
+    found = find_block_list(model)
+    if found is None:
+        yield from _compare(_export(model, small), _export(model, large))
+        return
+    list_path, blocks = found
+    parent_path, _, attr = list_path.rpartition(".")
+    parent = model.get_submodule(parent_path)
+    original = getattr(parent, attr)
+    setattr(parent, attr, nn.ModuleList([BlockStub()]))
+    try:
+        yield from _compare(_export(model, small), _export(model, large))
+    finally:
+        setattr(parent, attr, original)
+    calls = [capture_stub_call(model, list_path, inputs)[0].calls[0] for inputs in (small, large)]
+    seen: set[type] = set()
+    for block in blocks:
+        if type(block) in seen:
+            continue
+        seen.add(type(block))
+        yield from _compare(*(_export(_BlockCall(block, args, kwargs), _tensors(args, kwargs))
+                              for args, kwargs in calls))
+
+
+def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    return tuple(a.detach() for a in list(args) + list(kwargs.values())
+                 if isinstance(a, torch.Tensor))
+
+
+def _compare(small: Any, large: Any) -> Iterator[SizeRead]:
+    a, b = list(small.graph.nodes), list(large.graph.nodes)
+    if len(a) != len(b) or any(x.op != y.op or x.target != y.target for x, y in zip(a, b)):
+        return  # the structure follows the sizes: not compared
+    for x, y in zip(a, b, strict=True):
+        op = _packet(x.target) if x.op == "call_function" else ""
+        if op not in ARITHMETIC:
+            continue
+        for u, v in zip(_leaves((x.args, x.kwargs)), _leaves((y.args, y.kwargs)), strict=False):
+            if _number(u) and _number(v) and u != v:
+                yield SizeRead(u, v, op, user_frame(x.meta.get("stack_trace")))
+                break
+
+
+def _packet(target: Any) -> str:
+    packet = getattr(target, "overloadpacket", None)
+    return getattr(packet, "__name__", "") if packet is not None else ""
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _leaves(value: Any) -> Iterator[Any]:
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _leaves(item)
+    elif isinstance(value, dict):
+        for key in sorted(value):
+            yield from _leaves(value[key])
+    else:
+        yield value

@@ -81,7 +81,8 @@ def plan(tmp_path: Path, cls: str, body: str, sizes: str = "batch 8 seq 2") -> P
 
 DP_SUM = ("mesh dp=2\nloss-reduction sum scale=1\nsplit x [dp, -, -]\nsplit y [dp, -, -]\n"
           "all-reduce grad(params) over dp op=sum\n")
-DP_AVG = "mesh dp=2\nsplit x [dp, -, -]\nsplit y [dp, -, -]\nall-reduce grad(params) over dp op=avg\n"
+DP_AVG = ("mesh dp=2\nsplit x [dp, -, -]\nsplit y [dp, -, -]\n"
+          "all-reduce grad(params) over dp op=avg\n")
 
 
 def size_errors(path: Path) -> list:

@@ -9,8 +9,9 @@ be the program run: a plan summing such losses is right on paper and wrong by th
 of data blocks in the run.
 
 The reads are found by exporting the model's forward at the plan's sizes, again with
-``batch`` doubled and again with ``seq`` doubled (fake tensors, no decomposition): two graphs of one structure
-whose arithmetic ops differ in a number hold a number that follows the sizes. Shape
+``batch`` doubled and again with ``seq`` doubled (fake tensors, no decomposition): two
+graphs of one structure whose arithmetic ops differ in a number hold a number that follows
+the sizes. Shape
 arguments (``view``, ``expand``, ``arange``, ``slice`` ends) are not arithmetic and may
 differ. To keep the cost independent of depth, the model is exported with its block list
 replaced by a stub (``spec/cut.py``; the embedding, the head and the loss, where a
@@ -68,20 +69,21 @@ def size_reads(model: nn.Module, specs_at: SpecsAt, batch: int, seq: int
     with that size. ``model`` is fake."""
     try:
         small = specs_at(batch, seq)
-        base = _fake_inputs(model, small)
+        base = _graphs(model, _fake_inputs(model, small))
     except Exception:  # noqa: BLE001 - user code: its errors are the tracer's to report
         return []
     found = []
     for bigger in ((2 * batch, seq), (batch, 2 * seq)):
         try:
             large = specs_at(*bigger)
-            reads = list(_reads(model, base, _fake_inputs(model, large)))
+            graphs = _graphs(model, _fake_inputs(model, large))
         except Exception:  # noqa: BLE001 - user code rejects the larger size: not compared
             continue
         changed = frozenset((name, d) for name, (shape, _) in small.items()
                             for d, (a, b) in enumerate(zip(shape, large[name][0], strict=False))
                             if a != b)
-        found += [(read, changed) for read in reads]
+        found += [(read, changed) for a, b in zip(base, graphs, strict=False)
+                  for read in _compare(a, b)]
     return found
 
 
@@ -92,29 +94,28 @@ def _fake_inputs(model: nn.Module, specs: Mapping[str, tuple[Any, torch.dtype]]
                      for shape, dtype in specs.values())
 
 
-def _reads(model: nn.Module, small: tuple[torch.Tensor, ...], large: tuple[torch.Tensor, ...]
-           ) -> Iterator[SizeRead]:
+def _graphs(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> list[Any]:
+    """The exported forward of the model with its block list stubbed, then of the first
+    block of each class (the whole model when it has no block list)."""
     found = find_block_list(model)
     if found is None:
-        yield from _compare(_export(model, small), _export(model, large))
-        return
+        return [_export(model, inputs)]
     list_path, blocks = found
     parent_path, _, attr = list_path.rpartition(".")
     parent = model.get_submodule(parent_path)
     original = getattr(parent, attr)
     setattr(parent, attr, nn.ModuleList([BlockStub()]))
     try:
-        yield from _compare(_export(model, small), _export(model, large))
+        graphs = [_export(model, inputs)]
     finally:
         setattr(parent, attr, original)
-    calls = [capture_stub_call(model, list_path, inputs)[0].calls[0] for inputs in (small, large)]
+    args, kwargs = capture_stub_call(model, list_path, inputs)[0].calls[0]
     seen: set[type] = set()
     for block in blocks:
-        if type(block) in seen:
-            continue
-        seen.add(type(block))
-        yield from _compare(*(_export(_BlockCall(block, args, kwargs), _tensors(args, kwargs))
-                              for args, kwargs in calls))
+        if type(block) not in seen:
+            seen.add(type(block))
+            graphs.append(_export(_BlockCall(block, args, kwargs), _tensors(args, kwargs)))
+    return graphs
 
 
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, ...]:
@@ -124,7 +125,8 @@ def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tenso
 
 def _compare(small: Any, large: Any) -> Iterator[SizeRead]:
     a, b = list(small.graph.nodes), list(large.graph.nodes)
-    if len(a) != len(b) or any(x.op != y.op or x.target != y.target for x, y in zip(a, b)):
+    if len(a) != len(b) or any(x.op != y.op or x.target != y.target
+                               for x, y in zip(a, b, strict=True)):
         return  # the structure follows the sizes: not compared
     for x, y in zip(a, b, strict=True):
         op = _packet(x.target) if x.op == "call_function" else ""

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainverify_dsl.api import _plain, resolve_plan
+from trainverify_dsl.api import _plain, locate_model, resolve_plan
 from trainverify_dsl.cli.main import main
 from trainverify_dsl.cli.simulate_cmd import agrees
 from trainverify_dsl.shrink import Divisibility, shrink_plan, shrink_widths
@@ -145,7 +145,7 @@ def sizes(path: Path) -> tuple[dict[str, int], int, int]:
     assert plan.spec is not None
     settings_ = {k: _plain(v) for k, v in plan.spec.settings
                  if k not in ("config", "batch", "seq")}
-    shrunk = shrink_plan(plan, settings_)
+    shrunk = shrink_plan(plan, settings_, locate_model(plan, path, allow_outside_root=True))
     return shrunk.overrides, shrunk.batch, shrunk.seq
 
 
@@ -324,3 +324,77 @@ def test_a_sum_of_widths_grows_only_its_smallest_summand() -> None:
     assert (shrunk["kv_lora_rank"] + shrunk["qk_rope_head_dim"]) % 16 == 0
     assert shrunk["n_heads"] * (shrunk["qk_nope_head_dim"] + shrunk["qk_rope_head_dim"]) % 64 == 0
     assert shrunk["qk_rope_head_dim"] == 16  # not raised in lockstep with kv_lora_rank to 64
+
+
+USER_FIELDS = textwrap.dedent('''\
+    import torch
+    from torch import nn
+
+
+    class Post(nn.Module):
+        def __init__(self, mode):
+            super().__init__()
+            self.mode = mode
+
+        def forward(self, y):
+            return y * 2.0 if self.mode == 2 else y + 1.0  # linear only in mode 2
+
+
+    class PartNet(nn.Module):
+        def __init__(self, mode=0, width=8):
+            super().__init__()
+            self.up = nn.Linear(4, width, bias=False)
+            self.mix = nn.Linear(width, 4, bias=False)
+            self.post = Post(mode)
+            self.out = nn.Linear(4, 4, bias=False)
+
+        def input_specs(self, batch, seq):
+            return {"inp": ((batch, 4), torch.float32), "tgt": ((batch, 4), torch.float32)}
+
+        def forward(self, inp, tgt):
+            e = self.out(torch.tanh(self.post(self.mix(torch.tanh(self.up(inp)))))) - tgt
+            return (e * e).mean()
+
+
+    class DeclaredPartNet(PartNet):
+        WIDTHS = ("width",)
+''')
+
+
+def user_fields_plan(tmp_path: Path, cls: str, settings_: str) -> Path:
+    """The row-parallel output of ``mix`` is reduced only after ``post``: right when
+    ``post`` is linear (mode 2), wrong otherwise (the constant added on every mp rank)."""
+    (tmp_path / "partnet.py").write_text(USER_FIELDS)
+    return write(tmp_path, cls, f"""
+        plan fields
+        spec "partnet.py:{cls}" batch 4 seq 1 {settings_}
+        mesh mp=2
+        split up.weight [mp, -]
+        copy up.in over mp
+        split mix.weight [-, mp]
+        all-reduce post.out over mp
+        optimizer sgd lr=0.1
+        """)
+
+
+def test_a_users_field_that_selects_code_is_never_shrunk(tmp_path: Path) -> None:
+    """``mode 3`` was read as a width and shrunk to 2, where the model is linear: tvp check
+    verified the wrong plan (and with ``mode 300`` simulate agreed) while a real run
+    differs. A model's own fields keep their values unless its class lists them in
+    ``WIDTHS``; only batch and seq shrink."""
+    from trainverify_dsl.api import check_file, simulate_file
+
+    for mode in (3, 300):
+        path = user_fields_plan(tmp_path, "PartNet", f"mode {mode} width 512")
+        overrides, batch, seq = sizes(path)
+        assert "mode" not in overrides and "width" not in overrides
+        assert not simulate_file(path, allow_model_outside_root=True).agrees
+    assert check_file(user_fields_plan(tmp_path, "PartNet", "mode 3"),
+                      allow_model_outside_root=True).verdict == "counterexample"
+    assert check_file(user_fields_plan(tmp_path, "PartNet", "mode 2"),
+                      allow_model_outside_root=True).verdict == "verified"
+
+
+def test_a_users_declared_widths_are_shrunk(tmp_path: Path) -> None:
+    overrides, _, _ = sizes(user_fields_plan(tmp_path, "DeclaredPartNet", "mode 3 width 512"))
+    assert overrides.get("width") == 2 and "mode" not in overrides

@@ -38,6 +38,7 @@ must not change (layer counts, routing top-k) and model-intrinsic lower bounds.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping
@@ -53,13 +54,15 @@ NOT_CONFIG = ("config", "batch", "seq")
 #: Counts kept by every model (pipeline stages and layouts name layer indices).
 KEPT_ALWAYS = ("n_layers",)
 
-#: Per model class (the config's ``model``): config fields that are products of other widths,
-#: in the order to rebuild them; the new independent width is named after the quotient.
+#: Per shipped model class (the config's ``model``): config fields that are products of other
+#: widths, in the order to rebuild them; the new independent width is named after the
+#: quotient. A class not listed (a user's model) has no field shrunk (``shrink_plan``).
 #: ``(field, (outer factor, new inner width))``: ``field = outer * inner``.
 DERIVED: dict[str, tuple[tuple[str, tuple[str, str]], ...]] = {
     "Llama": (("n_heads", ("n_kv_heads", "kv_group")), ("hidden", ("n_heads", "head_dim"))),
     "GPT2": (("hidden", ("n_heads", "head_dim")),),
     "DeepSeekV3": (("n_routed_experts", ("n_group", "experts_per_group")),),
+    "MLP": (),  # every field independent
 }
 #: Counts that are not shrunk (structure, routing top-k, RoPE scaling constants).
 KEPT: dict[str, tuple[str, ...]] = {
@@ -201,11 +204,14 @@ def _no_coincidence(primes: Mapping[str, int], multiples: Mapping[str, int]) -> 
     return True
 
 
-def monomial(size: int, probe: Mapping[str, int], primes: Mapping[str, int]
+def monomial(size: int, probe: Mapping[str, int], primes: Mapping[str, int],
+             constants: bool = False
              ) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, ...], ...]]:
     """The widths (with exponents) a probe dimension of ``size`` is the product of, and the
     sums of widths among its factors (DeepSeek's ``qk_nope_head_dim + qk_rope_head_dim``).
-    ``probe``: the probe value of each width, ``primes``: its probe prime."""
+    ``probe``: the probe value of each width, ``primes``: its probe prime. ``constants``:
+    the model has config fields kept at their values (a user's model, ``_width_fields``),
+    so a factor that is no width nor sum of widths is one of those constants."""
     factors = tuple((w, _valuation(size, q)) for w, q in sorted(primes.items())
                     if size % q == 0)
     rest = size // math.prod(primes[w] ** e for w, e in factors)
@@ -216,6 +222,8 @@ def monomial(size: int, probe: Mapping[str, int], primes: Mapping[str, int]
             found = _summands(rest // scale, probe)
             if found:
                 return factors, (found,)
+    if constants:
+        return factors, ()
     raise ShrinkError(f"a dimension of size {size} at probe widths {dict(probe)} is neither a "
                       "product nor a sum of widths")
 
@@ -314,8 +322,8 @@ def shrink_widths(widths: Mapping[str, int], rules: list[Divisibility],
 
 
 def plan_divisibilities(plan: Plan, binding: Any, points: Mapping[str, tuple[int, ...]],
-                        probe: Mapping[str, int], primes: Mapping[str, int]
-                        ) -> list[Divisibility]:
+                        probe: Mapping[str, int], primes: Mapping[str, int],
+                        constants: bool = False) -> list[Divisibility]:
     """Every divisibility the plan imposes on the probe model ``binding`` is bound to (module
     docstring, step 1): split parameter and input dimensions, ZeRO blocks, and dimensions
     collectives split or gather at module boundaries (``points``: boundary -> probe shape)."""
@@ -324,6 +332,7 @@ def plan_divisibilities(plan: Plan, binding: Any, points: Mapping[str, tuple[int
     from trainverify_dsl.lower.lowering import input_sizes
 
     sizes = input_sizes(plan)
+    _rule = functools.partial(_divisibility, constants=constants)
 
     def axes(names: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
         return tuple((a, sizes[a]) for a in names
@@ -341,7 +350,7 @@ def plan_divisibilities(plan: Plan, binding: Any, points: Mapping[str, tuple[int
                 split = split + ((ZIGZAG_CHUNKS, 2),)  # two chunks per block (§2.6)
             if split:
                 rules.append(_rule(size, split, probe, primes, source=f"{name} dimension {d}"))
-    rules += _zero_blocks(plan, binding, axes, probe, primes)
+    rules += _zero_blocks(plan, binding, axes, probe, primes, constants)
     for point, statements in binding.point_collectives.items():
         shape = points.get(point)
         for st in statements:
@@ -372,14 +381,16 @@ def algorithm_needs(binding: Any) -> list[tuple[str, int, tuple[str, ...], bool]
     return out
 
 
-def _rule(size: int, axes: tuple[tuple[str, int], ...], probe: Mapping[str, int],
-          primes: Mapping[str, int], *, source: str, whole: bool = False) -> Divisibility:
-    factors, sums = monomial(size, probe, primes)
+def _divisibility(size: int, axes: tuple[tuple[str, int], ...], probe: Mapping[str, int],
+                  primes: Mapping[str, int], *, source: str, whole: bool = False,
+                  constants: bool = False) -> Divisibility:
+    factors, sums = monomial(size, probe, primes, constants)
     return Divisibility(factors, axes, sums, whole, source)
 
 
 def _zero_blocks(plan: Plan, binding: Any, axes: Callable[[tuple[str, ...]], Any],
-                 probe: Mapping[str, int], primes: Mapping[str, int]) -> list[Divisibility]:
+                 probe: Mapping[str, int], primes: Mapping[str, int], constants: bool
+                 ) -> list[Divisibility]:
     """Rule 6.1: each parameter's dimension 0 is cut into its own split times the ZeRO group."""
     if plan.optimizer is None or not axes(plan.optimizer.shard_axes):
         return []
@@ -389,9 +400,29 @@ def _zero_blocks(plan: Plan, binding: Any, axes: Callable[[tuple[str, ...]], Any
         layout = binding.param_layouts.get(name)
         own = axes(layout.axes_of_dim(0)) if layout else ()
         if shape:
-            rules.append(_rule(shape[0], own + group, probe, primes, whole=True,
-                                      source=f"ZeRO block of {name}"))
+            rules.append(_divisibility(shape[0], own + group, probe, primes, whole=True,
+                                       source=f"ZeRO block of {name}", constants=constants))
     return rules
+
+
+def _width_fields(plan: Plan, config: dict[str, Any], model: str, model_ref: Any
+                  ) -> dict[str, Any]:
+    """The config fields that are widths. A shipped model's (named through a config of
+    ``configs.json`` or a file of ``stdlib/models``): all, the tables saying which are
+    products and counts. A model of the user's own: only those its class lists in
+    ``WIDTHS`` (docs/models.md). Any other field may select code (``mode 3``) or be tied to
+    another inside the model (``head_dim = hid // heads``): shrunk, it would prove another
+    model, so it keeps its value and only ``batch`` and ``seq`` shrink."""
+    from trainverify_dsl.spec.load import ModelRef, model_class, resolve_ref
+
+    assert plan.spec is not None
+    if model in DERIVED and (plan.spec.config is not None or
+                             plan.spec.model.startswith("stdlib/models/")):
+        return config
+    ref = model_ref if isinstance(model_ref, ModelRef) else \
+        resolve_ref(plan.spec.model, plan.spec.config)
+    declared = getattr(model_class(ref), "WIDTHS", ())
+    return {k: v for k, v in config.items() if k in declared}
 
 
 def point_shapes(model: Any, inputs: Mapping[str, Any], points: set[str]
@@ -482,7 +513,9 @@ def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) 
 
     assert plan.spec is not None and plan.mesh is not None
     config, model = _config(plan, settings), _class_name(plan)
-    full = independent_widths(config, model, plan.spec.batch or 1, plan.spec.seq or 1)
+    fields = _width_fields(plan, config, model, model_ref)
+    constants = any(type(v) is int for k, v in config.items() if k not in fields)
+    full = independent_widths(fields, model, plan.spec.batch or 1, plan.spec.seq or 1)
     bounds = AT_LEAST.get(model, ())
     multiples = {w: m for w, m, _ in bounds if w in full}
     primes = probe_primes(full, multiples)
@@ -504,7 +537,7 @@ def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) 
               if any(d is not None for st in sts for d in (st.dim, st.split_dim, st.concat_dim))}
     points |= {point for point, _, _, _ in algorithm_needs(binding)}
     shapes = point_shapes(fake, specs, points) if points else {}
-    rules = plan_divisibilities(plan, binding, shapes, probe, primes)
+    rules = plan_divisibilities(plan, binding, shapes, probe, primes, constants)
     least = {w: lowest(config) for w, _, lowest in bounds if w in full}
     widths = shrink_widths(full, rules, multiples, least)
     overrides = config_values(widths, config, model)

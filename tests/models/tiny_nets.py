@@ -199,7 +199,10 @@ class NormAfterRowNet(nn.Module):
 
 class RenamedInputs(nn.Module):
     """``TwoLinear`` whose inputs are named ``inp`` and ``goal`` (no ``x``, no ``tokens``):
-    nothing may depend on an input's name."""
+    nothing may depend on an input's name. Both fields are independent sizes (``WIDTHS``,
+    so shrinking may change them)."""
+
+    WIDTHS = ("d", "hidden")
 
     def __init__(self, d: int = 4, hidden: int = 8) -> None:
         super().__init__()

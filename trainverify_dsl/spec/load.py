@@ -198,7 +198,7 @@ def _execute(spec: importlib.machinery.ModuleSpec) -> ModuleType:
 USER_CODE_ERRORS = (Exception, SystemExit)
 
 
-def _model_class(ref: ModelRef) -> Any:
+def model_class(ref: ModelRef) -> Any:
     from torch import nn
 
     try:
@@ -241,7 +241,7 @@ def load_model(ref: str | ModelRef, config: str | None = None, *, fake: bool = T
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     model_ref = ref if isinstance(ref, ModelRef) else resolve_ref(ref, config, access)
-    cls = _model_class(model_ref)
+    cls = model_class(model_ref)
     try:
         if fake:
             with FakeTensorMode(allow_non_fake_inputs=True):

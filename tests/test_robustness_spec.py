@@ -123,6 +123,14 @@ MODELS = textwrap.dedent('''\
             return self.lin(x).sum()
 
 
+    class NoParams(nn.Module):
+        def input_specs(self, batch, seq):
+            return {"x": ((batch, 4), torch.float32)}
+
+        def forward(self, x):
+            return (x * x).mean()
+
+
     class NotAModule:
         pass
 
@@ -244,22 +252,43 @@ def test_cli_process_exit_code_and_clean_stderr(models) -> None:
     assert "[TVP305]" in lines[0] and len(lines) == 2, result.stderr  # diagnostic + help only
 
 
+PLAN_MODEL_CASES = [("Effects", "TVP304", "effects", "'_print'"),
+                    ("DataDependent", "TVP305", "branch", "value-dependent"),
+                    ("Raises", "TVP306", "raises", "RuntimeError: boom")]
+
+
 @pytest.mark.parametrize("command", [["lint", "--spec"], ["simulate"], ["check"]])
-def test_an_op_with_side_effects_in_a_plans_model_is_a_diagnostic(command, models, capsys
-                                                                  ) -> None:
-    """torch.export threads an effect token through ``aten._print``; the plan's capture of the
-    forward met that input and raised NotImplementedError (an internal error, exit 2). Now
-    every plan command reports the op at the model line, as ``tvp spec`` does."""
-    plan = models / "effects.tvp"
-    plan.write_text('plan effects\nspec "models.py:Effects" batch 4 seq 1\n'
+@pytest.mark.parametrize("case", PLAN_MODEL_CASES, ids=lambda c: c[0])
+def test_a_plans_model_failing_in_the_capture_is_a_diagnostic(command, case, models, capsys
+                                                              ) -> None:
+    """The plan's capture of the forward (the layout pass, before the spec's trace) met
+    an effect token (``aten._print``), a branch on a tensor value, or a forward that raises,
+    and let NotImplementedError, torch's guard error or the model's own exception out as an
+    internal error (exit 2; ``api.check`` raised). Every plan command now reports it at the
+    model line, as ``tvp spec`` does."""
+    cls, code, marker, words = case
+    plan = models / f"{cls}.tvp"
+    plan.write_text(f'plan p\nspec "models.py:{cls}" batch 4 seq 1\n'
                     "spec-optimizer sgd lr=0.1\nmesh dp=2\nsplit x [dp, -]\n"
                     "all-reduce grad(params) over dp op=sum\noptimizer sgd lr=0.1\n",
                     encoding="utf-8")
-    code = main([*command, str(plan), "--allow-model-outside-root"])
+    exit_code = main([*command, str(plan), "--allow-model-outside-root"])
     out = capsys.readouterr()
     text = out.out + out.err
-    assert code == 1, text
-    assert f"models.py:{line_of('effects')}:" in text and "[TVP304]" in text, text
-    assert "'_print'" in text, text
-    assert command == ["check"] or "side effects" in text, text  # check prints no notes
+    assert exit_code == 1, text
+    assert f"models.py:{line_of(marker)}:" in text and f"[{code}]" in text, text
+    assert words in text, text
     assert "internal error" not in text and "Traceback" not in text, text
+
+
+def test_a_plan_over_a_model_without_parameters_is_a_diagnostic(models, capsys) -> None:
+    """A model with no parameter has no fake mode to take from them: prepare raised
+    StopIteration (an internal error). Now the plan's gradient statement names nothing."""
+    plan = models / "noparams.tvp"
+    plan.write_text('plan p\nspec "models.py:NoParams" batch 4 seq 1\n'
+                    "spec-optimizer sgd lr=0.1\nmesh dp=2\nsplit x [dp, -]\n"
+                    "all-reduce grad(params) over dp op=sum\noptimizer sgd lr=0.1\n",
+                    encoding="utf-8")
+    exit_code = main(["lint", "--spec", str(plan), "--allow-model-outside-root"])
+    text = "".join(capsys.readouterr())
+    assert exit_code == 1 and "[TVP401]" in text and "internal error" not in text, text

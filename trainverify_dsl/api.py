@@ -130,7 +130,9 @@ def prepare(path: str | Path, *, shrink: bool | None = None, real: bool = True,
     fake = _build_model(plan, model_ref, settings, kwargs, fake=True)
     real_model = _build_model(plan, model_ref, settings, kwargs, fake=False) if real else None
     specs = dict(model_input_specs(fake, batch, seq))
-    mode = next(iter(fake.parameters())).fake_mode
+    from trainverify_dsl.spec.trace import fake_mode_of
+
+    mode = fake_mode_of(fake)  # a model without parameters has its own mode
     with mode:
         fake_inputs = {k: torch.zeros(tuple(s), dtype=d) for k, (s, d) in specs.items()}
     used = {**overrides, "batch": batch, "seq": seq} if overrides or \

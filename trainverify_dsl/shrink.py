@@ -445,7 +445,9 @@ def point_shapes(model: Any, inputs: Mapping[str, Any], points: set[str]
             handles.append(module.register_forward_hook(
                 lambda _m, _a, out, _p=point: _record(shapes, _p, (out,))))
     try:
-        mode = next(iter(model.parameters())).fake_mode
+        from trainverify_dsl.spec.trace import fake_mode_of
+
+        mode = fake_mode_of(model)
         with mode, torch.no_grad():
             model(*[torch.zeros(tuple(s), dtype=d) for s, d in inputs.values()])
     finally:

@@ -23,11 +23,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from trainverify_dsl.spec.load import USER_CODE_ERRORS
 from trainverify_dsl.spec.marks import MARK, install_marks  # noqa: F401 (MARK re-exported)
 from trainverify_dsl.spec.trace import (
     canonical_names,
     decompositions,
     torch_deprecations_ignored,
+    trace_error,
 )
 
 
@@ -53,6 +55,8 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
     try:
         with contextlib.redirect_stderr(io.StringIO()), torch_deprecations_ignored():
             exported = torch.export.export(model, tuple(inputs.values()), strict=False)
+    except USER_CODE_ERRORS as error:  # the model's own code, or torch refusing it
+        raise trace_error(error, model) from None
     finally:
         for handle in handles:
             handle.remove()

@@ -34,8 +34,8 @@ from trainverify_dsl.spec.fx_import import user_frame
 from trainverify_dsl.spec.trace import (
     _BlockCall,
     _export,
-    _fake_mode_of,
     capture_stub_call,
+    fake_mode_of,
     find_block_list,
 )
 
@@ -89,7 +89,7 @@ def size_reads(model: nn.Module, specs_at: SpecsAt, batch: int, seq: int
 
 def _fake_inputs(model: nn.Module, specs: Mapping[str, tuple[Any, torch.dtype]]
                  ) -> tuple[torch.Tensor, ...]:
-    with _fake_mode_of(model):
+    with fake_mode_of(model):
         return tuple(torch.zeros(tuple(int(s) for s in shape), dtype=dtype)
                      for shape, dtype in specs.values())
 

@@ -65,7 +65,7 @@ class _NoReuse(Exception):
     """Block reuse is impossible for this model; the reason is a note."""
 
 
-def _fake_mode_of(model: nn.Module) -> Any:
+def fake_mode_of(model: nn.Module) -> Any:
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     for tensor in list(model.parameters()) + list(model.buffers()):
@@ -566,7 +566,7 @@ def trace_training_step(model: nn.Module, input_specs: InputSpecs, optimizer: An
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     start = time.perf_counter()
-    mode = _fake_mode_of(model)
+    mode = fake_mode_of(model)
     try:
         fake = _fakeify(model, mode)
         # Tensors built in forward by factories (torch.linspace, torch.arange) become IR
@@ -583,7 +583,7 @@ def trace_training_step(model: nn.Module, input_specs: InputSpecs, optimizer: An
     except UnsupportedOps as error:
         raise unsupported_error(error) from None
     except (Exception, SystemExit) as error:  # torch and user code raise anything
-        raise _trace_error(error, model) from None
+        raise trace_error(error, model) from None
     if optimizer is not None:
         from trainverify_dsl.spec.optim import append_optimizer
 
@@ -705,13 +705,13 @@ def run_error(error: BaseException, model: nn.Module) -> SpecError:
     """The model's own code failing when it runs eagerly on the drawn inputs (the check of
     the reference step against torch): a diagnostic at the user's line, never a traceback
     (an index the model does not guard, a value its code rejects)."""
-    found = _trace_error(error, model)
+    found = trace_error(error, model)
     (d,) = found.diagnostics
     return SpecError([dataclasses.replace(d, message="running the model eagerly on the drawn "
                                                      f"inputs failed: {d.message}")])
 
 
-def _trace_error(error: BaseException, model: nn.Module) -> SpecError:
+def trace_error(error: BaseException, model: nn.Module) -> SpecError:
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     user = _user_frames(error)
     # Errors raised while re-running a traced graph quote the user's line in their text.

@@ -32,6 +32,9 @@ from trainverify_dsl.spec.trace import (
     trace_error,
 )
 
+#: the attribute name prefix of a tensor the forward builds (a lifted constant of export)
+CONSTANT_PREFIX = "_tvp_const_"
+
 
 @dataclass(frozen=True, slots=True)
 class Captured:
@@ -87,7 +90,7 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
     constants = getattr(exported, "constants", {}) or {}
     for name, (kind, target) in placeholders.items():
         if kind == "constant":
-            setattr(gm, f"_tvp_const_{name}", constants[target])
+            setattr(gm, f"{CONSTANT_PREFIX}{name}", constants[target])
     modules = {path: type(m).__name__ for path, m in model.named_modules()}
     points = frozenset(f"{p}.{side}" for p in marked for side in ("in", "out"))
     return Captured(gm, placeholders, modules, points)

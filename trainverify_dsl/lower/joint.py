@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from trainverify_dsl.ir.graph import Graph
+from trainverify_dsl.lower.capture import CONSTANT_PREFIX
 from trainverify_dsl.lower.lowering import Lowered, Slot, StageProgram
 from trainverify_dsl.spec.fx_import import import_joint
 from trainverify_dsl.spec.fx_key import KeyMemo, graph_key, relabel
@@ -60,6 +61,29 @@ def stage_joints(lowered: Lowered) -> list[Graph]:
     are differentiated once: the others import the same joint graph under their own names
     and module paths (``spec/fx_key.py``)."""
     return [stage_joint(lowered, st, memo=True) for st in lowered.stages]
+
+
+def _constants_as_attributes(joint: torch.fx.GraphModule, forward: torch.fx.GraphModule
+                             ) -> None:
+    """Tensors the forward builds (a mask written in place: a lifted constant of the
+    capture, ``CONSTANT_PREFIX``) are lifted by AOTAutograd into buffer inputs of the
+    joint; they are constants of the stage, read back as attributes so that the importer
+    makes them literals (as it does for the spec's)."""
+    graph = joint.graph
+    anchor = next((n for n in graph.nodes if n.op != "placeholder"), None)
+    for node in list(graph.nodes):
+        desc = node.meta.get("desc")
+        target = str(getattr(desc, "target", ""))
+        if node.op != "placeholder" or type(desc).__name__ != "BufferAOTInput" or \
+                not target.startswith(CONSTANT_PREFIX):
+            continue
+        joint.register_buffer(target, getattr(forward, target))
+        with graph.inserting_before(anchor):
+            attribute = graph.get_attr(target)
+        attribute.meta.update(node.meta)
+        node.replace_all_uses_with(attribute)
+        graph.erase_node(node)
+    joint.recompile()
 
 
 def stage_joint(lowered: Lowered, stage: StageProgram, memo: bool = False) -> Graph:
@@ -113,5 +137,6 @@ def stage_joint(lowered: Lowered, stage: StageProgram, memo: bool = False) -> Gr
         joint = aot_export_joint_with_descriptors(stack, stage.gm, tuple(args),
                                                   decompositions=decompositions)
         gm = joint.graph_module
+    _constants_as_attributes(gm, stage.gm)
     JOINTS.put(key, (stage.gm, gm))
     return import_joint(gm, name_input, name_output)

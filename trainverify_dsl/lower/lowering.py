@@ -40,7 +40,13 @@ from trainverify_dsl.ir.layout import (
 from trainverify_dsl.lower import algorithms, collectives  # noqa: F401 - registers tvp.collective
 from trainverify_dsl.lower import loss as loss_norm
 from trainverify_dsl.lower.bind import Binding, bind_plan, resolve_indices
-from trainverify_dsl.lower.capture import MARK, Captured, capture_forward, module_stack
+from trainverify_dsl.lower.capture import (
+    CONSTANT_PREFIX,
+    MARK,
+    Captured,
+    capture_forward,
+    module_stack,
+)
 from trainverify_dsl.lower.findings import Finding, LoweringError, latest, merge_repeats
 from trainverify_dsl.lower.gradients import GradientTracker
 from trainverify_dsl.lower.rules import RULES, Result
@@ -351,8 +357,10 @@ class _Lowering:
         kind, spec = self.cap.placeholders[old.name]
         lay = self.layouts[old]
         dtype = old.meta["val"].dtype
-        if kind == "constant":
-            return self.graphs[stage].get_attr(f"_tvp_const_{old.name}")
+        if kind == "constant":  # a tensor the forward builds (a mask): every rank's whole
+            node = self.graphs[stage].get_attr(f"{CONSTANT_PREFIX}{old.name}")
+            node.meta["val"] = old.meta["val"]
+            return node
         # a tied parameter is several placeholders of the capture under one spec name: one
         # input of the stage, whose gradient sums its uses there (as the spec's does)
         held = self.spec_inputs[stage]
@@ -533,7 +541,7 @@ class _Lowering:
             if rule is None:
                 result = self._fallback(node, name)
             else:
-                result = rule(self, node.args, dict(node.kwargs), node.meta["val"])
+                result = rule(self, node.args, dict(node.kwargs), node.meta.get("val"))
         except LayoutError as error:
             blamed = self._operand_cause(node, error) or (
                 self.cause_for(error.axes) if error.axes else self.current_cause)

@@ -192,6 +192,16 @@ for _name in ELEMENTWISE:
     RULES[_name] = _elementwise(_name)
 
 
+@rule("aten._assert_tensor_metadata")
+def _assert_metadata(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+                     ) -> Result:
+    """torch.export's check after ``x.to(dtype)`` (Hugging Face's RMSNorm computes in
+    float32 and casts back): no value, so any layout; its size and stride, when stated, are
+    the global ones and are dropped (dtype, device and layout stay)."""
+    local = {k: v for k, v in kwargs.items() if k not in ("size", "stride")}
+    return Result(ctx.layout(args[0]), (args[0], *args[1:1]), local)
+
+
 # -- factories ----------------------------------------------------------------------------
 
 

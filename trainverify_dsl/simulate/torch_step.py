@@ -68,6 +68,30 @@ def _record_points(net: torch.nn.Module, points: Sequence[str],
     return handles
 
 
+_NARROW_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_TO_FLOAT64 = {torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16}
+
+
+def _widen(value: Any) -> Any:
+    return torch.float64 if isinstance(value, torch.dtype) and value in _NARROW_FLOATS \
+        else value
+
+
+class Float64(torch.overrides.TorchFunctionMode):
+    """Every floating-point dtype the model's code asks for is float64: the IR reads every
+    float as a real number and evaluates in float64, so a cast the model writes (Hugging
+    Face's RMSNorm computes in ``float32`` and casts back; ``torch.ones(..., dtype=
+    torch.float32)``) is the identity there, and must be here too, or float32 round-off
+    would read as a disagreement of the trusted base."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = {k: _widen(v) for k, v in (kwargs or {}).items()}
+        if func in _TO_FLOAT64:
+            return args[0].double()
+        return func(*(_widen(a) for a in args), **kwargs)
+
+
 def torch_step(model: torch.nn.Module, values: Mapping[str, np.ndarray], data: Sequence[str],
                opt: optim.Optimizer | None, points: Sequence[str] = ()
                ) -> dict[str, np.ndarray]:
@@ -82,8 +106,9 @@ def torch_step(model: torch.nn.Module, values: Mapping[str, np.ndarray], data: S
     out: dict[str, np.ndarray] = {}
     handles = _record_points(net, points, out)
     try:
-        loss = net(*(torch.from_numpy(np.asarray(values[d])) for d in data))
-        loss.backward()
+        with Float64():
+            loss = net(*(torch.from_numpy(np.asarray(values[d])) for d in data))
+            loss.backward()
     except USER_CODE_ERRORS as error:  # the model's own code: located, not a traceback
         raise run_error(error, model) from None
     finally:

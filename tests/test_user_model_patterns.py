@@ -1,0 +1,89 @@
+"""Patterns of models written outside the project that the pipeline must take as they are.
+
+- Hugging Face's RMSNorm computes in float32 and casts back (``x.to(torch.float32)`` ...
+  ``.to(dtype)``): export checks the cast with ``aten._assert_tensor_metadata``, which had no
+  layout rule (TVP403 on a plain data-parallel plan), and eager torch's float32 round-off
+  made the reference check call the trusted base wrong. Casts are the identity of the IR's
+  reals; the eager reference runs every float dtype the model names as float64.
+- A mask the forward builds with an in-place write is a lifted constant of the capture; its
+  local node had no fake value (an internal ``KeyError: 'val'``), and AOTAutograd lifted it
+  into an input of the stage's joint the importer did not know. The spec's tracer then
+  refuses the value read (TVP305) in the model's forward.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from trainverify_dsl.api import check_file, layout_diagnostics
+
+MODELS = textwrap.dedent('''\
+    import torch
+    from torch import nn
+
+
+    class HFRMSNorm(nn.Module):
+        def __init__(self, dim, eps=1e-6):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(dim))
+            self.eps = eps
+
+        def forward(self, x):
+            dtype = x.dtype
+            x = x.to(torch.float32)
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+            return self.weight * x.to(dtype)
+
+
+    class NormNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 8, bias=False)
+            self.norm = HFRMSNorm(8)
+            self.out = nn.Linear(8, 4, bias=False)
+
+        def input_specs(self, batch, seq):
+            return {"inp": ((batch, 4), torch.float32), "tgt": ((batch, 4), torch.float32)}
+
+        def forward(self, inp, tgt):
+            h = self.norm(self.fc(inp)) + torch.ones(8, dtype=torch.float32)
+            return ((self.out(h) - tgt) ** 2).mean()
+
+
+    class MaskNet(NormNet):
+        def forward(self, inp, tgt):
+            mask = torch.ones(8, dtype=torch.bool)
+            mask[0] = False  # LINE mask
+            h = self.fc(inp).masked_fill(~mask, 0.5)
+            return ((self.out(h) - tgt) ** 2).mean()
+''')
+
+PLAN = ('plan p\nspec "models.py:{cls}" batch 8 seq 1\nspec-optimizer sgd lr=0.1\n'
+        "mesh rows=2\nsplit inp [rows, -]\nsplit tgt [rows, -]\n"
+        "all-reduce grad(params) over rows op=avg\noptimizer sgd lr=0.1\n")
+
+
+def plan(tmp_path: Path, cls: str) -> Path:
+    (tmp_path / "models.py").write_text(MODELS, encoding="utf-8")
+    path = tmp_path / f"{cls}.tvp"
+    path.write_text(PLAN.format(cls=cls), encoding="utf-8")
+    return path
+
+
+def test_a_hugging_face_rmsnorm_casting_to_float32_is_verified(tmp_path: Path) -> None:
+    path = plan(tmp_path, "NormNet")
+    assert layout_diagnostics(path, allow_model_outside_root=True) == []
+    verdict = check_file(path, allow_model_outside_root=True)
+    assert verdict.verdict == "verified", verdict.reason
+
+
+def test_a_mask_written_in_place_is_a_located_diagnostic(tmp_path: Path) -> None:
+    path = plan(tmp_path, "MaskNet")
+    line = next(i for i, text in enumerate(MODELS.splitlines(), 1) if "# LINE mask" in text)
+    verdict = check_file(path, allow_model_outside_root=True)
+    assert verdict.verdict == "error"
+    assert "internal error" not in verdict.reason, verdict.reason
+    [found] = [d for d in verdict.diagnostics if d.code.id == "TVP305"]
+    # at the line, or at the forward's `def` when torch's error names no model frame
+    assert found.span.file.endswith("models.py") and line - 2 <= found.span.line <= line

@@ -199,3 +199,21 @@ def test_models_without_torchtitan_names_are_refused(tmp_path: Path) -> None:
     assert code == 1
     assert "torchtitan module names are known for Llama only, not for the reference model " \
            "GPT2 [TVP607]" in err
+
+
+def test_a_style_imported_under_another_name_is_refused(tmp_path: Path) -> None:
+    """`ColwiseParallel as RowwiseParallel` makes every `RowwiseParallel()` of the file
+    torch's ColwiseParallel: read by its written name it gave Megatron's layout for a plan
+    that is not (a wrong plan was verified). A module alias keeps the class's own name."""
+    swapped = ("from torch.distributed.tensor.parallel import ColwiseParallel as "
+               "RowwiseParallel\n"
+               "plan = {'layers.*.attention.wq': RowwiseParallel()}\n")
+    code, _, err = import_file(tmp_path, "torchtitan", "swapped.py", swapped, *TINY)
+    assert code == 1
+    assert error_lines(err) == [
+        "swapped.py:1:1: error: `ColwiseParallel as RowwiseParallel` binds 'RowwiseParallel' "
+        "to another name: the importer reads style names literally (import them without "
+        "`as`) [TVP601]"]
+    module_alias = ("import torch.distributed.tensor.parallel as tp\n"
+                    "plan = {'layers.*.attention.wq': tp.ColwiseParallel()}\n")
+    assert import_file(tmp_path, "torchtitan", "alias.py", module_alias, *TINY)[0] == 0

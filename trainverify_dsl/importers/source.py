@@ -382,7 +382,16 @@ def read_python(text: str, file: str) -> dict[str, Node]:
     to a name) is refused: it could change the values."""
     reader = _LiteralReader(text, file)
     found: dict[str, Node] = {}
-    for statement in _parse_python(text, file).body:
+    module = _parse_python(text, file)
+    called = {n.func.id for n in ast.walk(module)
+              if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    for statement in module.body:
+        renamed = _renamed_import(statement, called)
+        if renamed is not None:
+            raise reader.fail(statement, f"`{renamed.name} as {renamed.asname}` binds "
+                                         f"'{renamed.asname}' to another name: the importer "
+                                         "reads style names literally (import them without "
+                                         "`as`)")
         if _inert(statement):
             continue
         if not isinstance(statement, ast.Assign):
@@ -426,6 +435,17 @@ def _add_assignment(statement: ast.Assign, reader: _LiteralReader,
         raise reader.fail(target, f"'{target.id}' is assigned twice")
     value = reader.literal(statement.value, target.id)
     found[target.id] = Node(value.value, value.span, value.path, reader.span(target))
+
+
+def _renamed_import(statement: ast.stmt, called: set[str]) -> ast.alias | None:
+    """The first ``import X as Y`` with ``Y`` not ``X``'s own last name and ``Y(...)``
+    called in the file: a style name read literally would then mean another class
+    (``ColwiseParallel as RowwiseParallel``). A module alias (``... parallel as tp``, then
+    ``tp.ColwiseParallel()``) keeps the class's own name and is read."""
+    if not isinstance(statement, (ast.Import, ast.ImportFrom)):
+        return None
+    return next((a for a in statement.names if a.asname is not None and a.asname in called
+                 and a.asname != a.name.rpartition(".")[2]), None)
 
 
 def _inert(statement: ast.stmt) -> bool:

@@ -155,6 +155,25 @@ def test_config_sizes_must_be_the_reference_config_s(tmp_path: Path) -> None:
         "tie_word_embeddings is true, but the reference model's output head is untied"]
 
 
+def test_config_fields_that_change_the_model_must_be_the_reference_s(tmp_path: Path) -> None:
+    """Biases, another head_dim, activation, RoPE base or scaling, norm epsilon or dropout
+    describe another model: imported silently, the plan was verified against llama_tiny."""
+    plan = {"attention_bias": True, "mlp_bias": False, "head_dim": 16, "hidden_act": "gelu",
+            "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "attention_dropout": 0.1,
+            "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+            "base_model_tp_plan": {"layers.*.mlp.up_proj": "colwise"}}
+    code, _, err = hf(tmp_path, plan)
+    assert code == 1
+    assert [line.split(": error: ")[1].split(",")[0] for line in error_lines(err)] == [
+        "attention_bias is true", "head_dim is 16", 'hidden_act is "gelu"',
+        "rope_theta is 10000.0", "attention_dropout is 0.1",
+        'rope_scaling is {"rope_type": "linear"']
+    same = {"attention_bias": False, "head_dim": 8, "hidden_act": "silu", "rope_theta": 5e5,
+            "rms_norm_eps": 1e-5, "rope_scaling": None, "attention_dropout": 0.0,
+            "base_model_tp_plan": {"layers.*.mlp.up_proj": "colwise"}}
+    assert hf(tmp_path, same)[0] == 0
+
+
 def test_pipeline_axis_without_a_pipeline_plan_and_pipeline_plan_order(
         tmp_path: Path) -> None:
     args = ("--config", "llama_tiny", "--batch", "4", "--seq", "8", "--mesh", "pp=2,tp=2")

@@ -21,6 +21,7 @@ its first batch row) are refused with the reason.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,55 @@ LLAMA_NAMES = NameMap(
            "num_key_value_heads": "n_kv_heads", "vocab_size": "vocab_size"},
 )
 NAME_MAPS = {"Llama": LLAMA_NAMES}
+
+
+def _llama_rope_scaling(c: dict[str, object]) -> object:
+    if c.get("rope_scaling_factor") is None:
+        return None
+    return {"rope_type": "llama3", "factor": c["rope_scaling_factor"],
+            "low_freq_factor": c["rope_low_freq_factor"],
+            "high_freq_factor": c["rope_high_freq_factor"],
+            "original_max_position_embeddings": c["rope_original_max_seq_len"]}
+
+
+#: config.json keys that change what the model computes, with the value the reference model
+#: has (from its config's fields): a file stating another value describes another model,
+#: and a plan imported from it would be checked against the wrong one.
+MEANING: dict[str, dict[str, Callable[[dict[str, object]], object]]] = {
+    "Llama": {
+        "attention_bias": lambda c: False,
+        "mlp_bias": lambda c: False,
+        "hidden_act": lambda c: "silu",
+        "head_dim": lambda c: int(c["hidden"]) // int(c["n_heads"]),  # type: ignore[call-overload]
+        "rope_theta": lambda c: c["rope_theta"],
+        "rms_norm_eps": lambda c: c["norm_eps"],
+        "attention_dropout": lambda c: 0.0,
+        "rope_scaling": _llama_rope_scaling,
+    },
+}
+
+
+def _plain_node(node: Node) -> object:
+    if isinstance(node.value, dict):
+        return {k: _plain_node(v) for k, v in node.value.items()}
+    if isinstance(node.value, tuple):
+        return [_plain_node(v) for v in node.value]
+    return node.value
+
+
+def _same_meaning(stated: object, expected: object) -> bool:
+    """Whether a config.json value states the reference's: numbers by value, and a
+    ``rope_scaling`` object by the keys the reference has (``type`` is the older name of
+    ``rope_type``)."""
+    if isinstance(expected, dict):
+        if not isinstance(stated, dict):
+            return False
+        stated = {("rope_type" if k == "type" else k): v for k, v in stated.items()}
+        return all(_same_meaning(stated.get(k), v) for k, v in expected.items())
+    if isinstance(expected, (int, float)) and not isinstance(expected, bool) and \
+            isinstance(stated, (int, float)) and not isinstance(stated, bool):
+        return float(stated) == float(expected)
+    return stated == expected
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +371,11 @@ def _plans_of(found: dict[str, Node], config: Node | None, refusals: Refusals,
     return HfPlans(tp, pp, config)
 
 
+def _show(value: object) -> str:
+    """A value as JSON writes it (``true``, ``null``)."""
+    return json.dumps(value, sort_keys=False)
+
+
 def _check_config(config: Node, names: NameMap, options: ImportOptions,
                   refusals: Refusals) -> None:
     """Sizes the config states must be the reference config's."""
@@ -340,6 +395,22 @@ def _check_config(config: Node, names: NameMap, options: ImportOptions,
             refusals.add(codes.INCONSISTENT_DEGREES, f"{key} is {node.value}, but the config "
                          f"{options.config.name} has {ours} {expected}", node,
                          help="pick the --config whose sizes are the file's")
+    reference = {**options.config.sizes, "n_layers": options.config.n_layers}
+    for key, meaning in MEANING.get(options.config.model.cls, {}).items():
+        node = config.get(key)
+        if node is None:
+            continue
+        try:
+            expected = meaning(reference)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            continue  # the reference config does not say: nothing to compare
+        if not _same_meaning(_plain_node(node), expected):
+            refusals.add(codes.INCONSISTENT_DEGREES, f"{key} is {_show(_plain_node(node))}, "
+                         f"but the reference model {options.config.name} has "
+                         f"{_show(expected)}: the file "
+                         "describes another model", node,
+                         help="the plan would be checked against the reference model; "
+                              "import a config of that model")
 
 
 # ---------------------------------------------------------------- tensor parallel

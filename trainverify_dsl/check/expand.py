@@ -32,7 +32,15 @@ from typing import Any
 
 from trainverify_dsl.check import terms as t
 
-Expanded = dict[tuple[tuple[int, int], ...], Fraction]  # monomial (atom id, exponent) -> coeff
+#: monomial (atom id, exponent) -> coefficient: an ``int`` when whole (most are; int
+#: arithmetic is many times faster than ``Fraction``'s), else a ``Fraction``. The two are
+#: equal and hash alike when equal, so expansions compare as exact values either way.
+Expanded = dict[tuple[tuple[int, int], ...], int | Fraction]
+
+
+def _whole(c: Any) -> int | Fraction:
+    """A term's coefficient as an ``int`` when it is one."""
+    return c.numerator if type(c) is Fraction and c.denominator == 1 else c
 
 
 class TooLarge(Exception):
@@ -88,20 +96,20 @@ class Expander:
             return hit
         t.check_deadline()
         if isinstance(term, t.Poly):
-            out: Expanded = {(): term.const} if term.const else {}
+            out: Expanded = {(): _whole(term.const)} if term.const else {}
             for m, c in term.terms.items():
-                _add(out, self.expand(m, depth), c)
+                _add(out, self.expand(m, depth), _whole(c))
         elif isinstance(term, t.Monomial):
-            out = {(): Fraction(1)}
+            out = {(): 1}
             for f, e in term.powers.items():
                 if e > 0 and isinstance(f, t.Poly) and depth > 0 and \
                         (len(f.terms) <= self.small or depth > self.depths):
                     for _ in range(e):
                         out = self._multiply(out, self.expand(f, depth - 1))
                 else:
-                    out = self._multiply(out, {((self._atom(f, depth - 1), e),): Fraction(1)})
+                    out = self._multiply(out, {((self._atom(f, depth - 1), e),): 1})
         else:
-            out = {((self._atom(term, depth - 1), 1),): Fraction(1)}
+            out = {((self._atom(term, depth - 1), 1),): 1}
         if len(out) > self.budget:
             raise TooLarge
         self.memo[key] = out
@@ -145,23 +153,30 @@ def _product(x: Expanded, y: Expanded, budget: int) -> Expanded:
     if len(x) * len(y) > budget * 4:
         raise TooLarge
     t.check_deadline()
+    if len(x) == 1 or len(y) == 1:  # times one monomial: distinct monomials stay distinct
+        (one, k), = (x if len(x) == 1 else y).items()
+        many = y if len(x) == 1 else x
+        if not one:  # (expansions are never mutated once made: sharing one is safe)
+            return many if k == 1 else {m: c * k for m, c in many.items()}
+        return {_merge(m, one): c * k for m, c in many.items()}
     out: Expanded = {}
+    get, pop = out.get, out.pop
     for mx, cx in x.items():
         for my, cy in y.items():
             m = _merge(mx, my)
-            c = out.get(m, Fraction(0)) + cx * cy
+            c = get(m, 0) + cx * cy
             if c:
                 out[m] = c
             else:
-                out.pop(m, None)
+                pop(m, None)
     if len(out) > budget:
         raise TooLarge
     return out
 
 
-def _add(out: Expanded, x: Expanded, k: Fraction) -> None:
+def _add(out: Expanded, x: Expanded, k: int | Fraction) -> None:
     for m, c in x.items():
-        v = out.get(m, Fraction(0)) + c * k
+        v = out.get(m, 0) + c * k
         if v:
             out[m] = v
         else:
@@ -174,6 +189,11 @@ def _merge(a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]
         return b
     if not b:
         return a
+    if len(b) == 1 and len(a) == 1:
+        (x, e), (y, f) = a[0], b[0]
+        if x != y:
+            return (a[0], b[0]) if x < y else (b[0], a[0])
+        return ((x, e + f),) if e + f else ()
     powers = dict(a)
     for atom, e in b:
         n = powers.get(atom, 0) + e
@@ -239,19 +259,19 @@ def one_sided_equal(a: Any, b: Any, budget: int) -> bool:
             return hit
         t.check_deadline()
         if isinstance(x, t.Poly):
-            out: Expanded = {(): x.const} if x.const else {}
+            out: Expanded = {(): _whole(x.const)} if x.const else {}
             for m, c in x.terms.items():
-                _add(out, expand(m), c)
+                _add(out, expand(m), _whole(c))
         elif isinstance(x, t.Monomial):
-            out = {(): Fraction(1)}
+            out = {(): 1}
             for f, e in x.powers.items():
                 if e > 0 and isinstance(f, t.Poly) and id(f) not in shared:
                     for _ in range(e):
                         out = _product(out, expand(f), budget)
                 else:
-                    out = _product(out, {((atom(f), e),): Fraction(1)}, budget)
+                    out = _product(out, {((atom(f), e),): 1}, budget)
         else:
-            out = {((atom(x), 1),): Fraction(1)}
+            out = {((atom(x), 1),): 1}
         if len(out) > budget:
             raise TooLarge
         memo[id(x)] = out

@@ -384,12 +384,15 @@ class Programs:
     estimated_bytes: int
     #: the plan's stages were split at every block (``build_programs(blocks=True)``)
     segmented: bool = False
+    #: the layout pass's findings and full-size lowering (``build_programs(layout=...)``)
+    layout: tuple[list[Diagnostic], Lowered | None] | None = None
 
 
 def build_programs(path: str | Path, *, shrink: bool | None = None,
                    allow_model_outside_root: bool = False, stop_on_errors: bool = True,
                    max_memory: int | None = None, progress: Progress = _quiet,
-                   blocks: bool = False, segment: bool = True) -> Programs:
+                   blocks: bool = False, segment: bool = True,
+                   layout: tuple[list[Diagnostic], Lowered | None] | None = None) -> Programs:
     """The layout pass at full size, then the plan's parallel program and the reference step
     at the shrunk sizes (``simulate_file`` explains the arguments and errors). The reference
     step is traced block by block (one graph per distinct block, every block traced and
@@ -397,7 +400,8 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     every block's boundaries marked (identities), so a value crossing stages between blocks
     is known by its point and the proof can be cut there (``check/stages.py``); with
     ``segment`` each stage is also split into one stage per block, on the same ranks
-    (``lower.bind.segment_stages``), where the plan allows it."""
+    (``lower.bind.segment_stages``), where the plan allows it. ``layout``: the layout
+    pass's findings and lowering when the caller has them already (``Programs.layout``)."""
     from trainverify_dsl.shrink import work_refusal
 
     refusal = work_refusal(resolve_plan(path))  # from the plan alone: ranks, microbatches
@@ -406,8 +410,10 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     budget = default_budget() if max_memory is None else max_memory
     full = _refuse_unshrunk(path, budget, allow_model_outside_root) if shrink is False \
         else None
-    progress("layout pass at full size")
-    findings, full_size = _layout_pass(path, allow_model_outside_root, full)
+    if layout is None:
+        progress("layout pass at full size")
+        layout = _layout_pass(path, allow_model_outside_root, full)
+    findings, full_size = layout
     errors = [d for d in findings if d.severity is Severity.ERROR]
     if errors and (stop_on_errors or full_size is None and any(
             d.code.id.startswith("TVP3") for d in errors)):
@@ -461,7 +467,7 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     if need.bytes > budget:
         raise SimulationSetupError([over_budget(setup.plan, need, budget, shrunk)])
     return Programs(setup, program, spec, reference_opt, findings, idle, need.bytes,
-                    lowered.binding.segmented)
+                    lowered.binding.segmented, layout)
 
 
 def _block_modules(model: Any) -> tuple[frozenset[str], str | None]:
@@ -592,7 +598,8 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
             built = build_programs(path, shrink=True,
                                    allow_model_outside_root=allow_model_outside_root,
                                    stop_on_errors=False, max_memory=max_memory,
-                                   progress=progress, blocks=True, segment=False)
+                                   progress=progress, blocks=True, segment=False,
+                                   layout=built.layout)
             values = step_values(built.program, built.spec, model, seed)
             result = simulate_programs(built.program, built.spec, built.reference_opt, model,
                                        seed, progress, values)

@@ -200,3 +200,46 @@ def test_lint_spec_is_quiet_on_stderr_for_a_clean_plan() -> None:
                          capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0 and "no issues found" in run.stdout
     assert run.stderr == "", run.stderr
+
+
+NOISY = '''\
+import torch
+from torch import nn
+
+print("MODEL IMPORTED")
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        print("MODEL BUILT")
+        self.fc = nn.Linear(4, 4)
+
+    def input_specs(self, batch, seq):
+        return {"x": ((batch, 4), torch.float32), "y": ((batch, 4), torch.float32)}
+
+    def forward(self, x, y):
+        print("FORWARD")
+        return ((self.fc(x) - y) ** 2).mean()
+'''
+
+
+@pytest.mark.parametrize("command", [["check", "--format", "json"],
+                                     ["simulate", "--format", "json"],
+                                     ["lint", "--spec", "--format", "json"],
+                                     ["lint", "--spec", "--format", "sarif"]])
+def test_what_the_model_prints_never_reaches_the_document(command, capsys, tmp_path: Path
+                                                         ) -> None:
+    """A model printing at import, construction and in forward wrote into stdout ahead of
+    the JSON document, which then did not parse. Its output goes to stderr now."""
+    (tmp_path / "noisy.py").write_text(NOISY)
+    plan = tmp_path / "noisy.tvp"
+    plan.write_text('plan p\nspec "noisy.py:Net" batch 8 seq 1\nspec-optimizer sgd lr=0.1\n'
+                    "mesh dp=2\nsplit x [dp, -]\nsplit y [dp, -]\n"
+                    "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.1\n")
+    code = main([*command, str(plan), "--allow-model-outside-root"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    json.loads(out)
+    assert "FORWARD" not in out and "MODEL" not in out
+    assert "FORWARD" in err

@@ -108,12 +108,14 @@ def check_one(path: str, args: argparse.Namespace, progress: Any) -> Any:
         if refusal is not None:
             return refused(path, [refusal])
         from trainverify_dsl.api import check_file
+        from trainverify_dsl.cli.progress import model_output_to_stderr
 
-        return check_file(path, seed=args.seed, timeout=args.timeout,
-                          allow_model_outside_root=args.allow_model_outside_root,
-                          max_memory=args.max_memory, progress=progress,
-                          time_limit=args.time_limit or None, cache=args.cache,
-                          cache_dir=args.cache_dir)
+        with model_output_to_stderr():  # also in a pool's or Ray's worker process
+            return check_file(path, seed=args.seed, timeout=args.timeout,
+                              allow_model_outside_root=args.allow_model_outside_root,
+                              max_memory=args.max_memory, progress=progress,
+                              time_limit=args.time_limit or None, cache=args.cache,
+                              cache_dir=args.cache_dir)
     except Exception as error:  # noqa: BLE001 - an internal error is a verdict, not a traceback
         return Verdict(ERROR, path, reason=f"internal error: {type(error).__name__}: {error}")
 

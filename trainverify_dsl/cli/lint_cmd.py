@@ -213,7 +213,10 @@ def with_layout_pass(linter: Linter, *, allow_model_outside_root: bool = False,
             if progress is not None:
                 progress(f"{file}: {name}")
 
-        with warnings.catch_warnings():  # torch's own deprecations are not the user's problem
+        from trainverify_dsl.cli.progress import model_output_to_stderr
+
+        # torch's own deprecations are not the user's problem; the model's prints not ours
+        with warnings.catch_warnings(), model_output_to_stderr():
             warnings.simplefilter("ignore", FutureWarning)
             return found + layout_diagnostics(
                 file, allow_model_outside_root=allow_model_outside_root, progress=phase)

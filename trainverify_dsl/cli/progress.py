@@ -12,14 +12,27 @@ from collections.abc import Callable, Iterator
 from typing import TextIO
 
 
+def model_output_to_stderr() -> contextlib.AbstractContextManager[TextIO]:
+    """While a command imports and runs the user's model, what the model's code prints goes
+    to stderr: stdout holds the command's own output only (a JSON or SARIF document must
+    parse)."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
 @contextlib.contextmanager
 def phases(enabled: bool, stream: TextIO | None = None, *,
            force_terminal: bool | None = None) -> Iterator[Callable[[str], None]]:
     """Yield the callback a driver calls with each phase's name; shown as a rich status on
-    ``stream`` (stderr) when ``enabled`` and the stream is a terminal."""
+    ``stream`` (stderr) when ``enabled`` and the stream is a terminal. The phases are the
+    command's work: what the model prints meanwhile goes to stderr."""
     stream = stream or sys.stderr
     terminal = force_terminal if force_terminal is not None else stream.isatty()
-    if not (enabled and terminal):
+    with model_output_to_stderr():
+        yield from _phases(enabled and terminal, stream)
+
+
+def _phases(shown: bool, stream: TextIO) -> Iterator[Callable[[str], None]]:
+    if not shown:
         yield _ignore
         return
     from rich.console import Console
@@ -36,4 +49,4 @@ def _ignore(phase: str) -> None:
     del phase
 
 
-__all__ = ["phases"]
+__all__ = ["model_output_to_stderr", "phases"]

@@ -225,3 +225,13 @@ def test_invalid_json_is_located(tmp_path: Path) -> None:
     assert code == 1
     assert error_lines(err) == [
         "plan.json:2:36: error: not valid JSON: a trailing comma before '}' [TVP601]"]
+
+
+def test_a_batch_that_does_not_split_is_refused_not_an_internal_error(tmp_path: Path) -> None:
+    """The written plan failed its own lint (TVP234) and the import said "internal error"."""
+    code, _, err = hf(tmp_path, {"base_model_tp_plan": {"layers.*.mlp.up_proj": "colwise"}},
+                      "--config", "llama_tiny", "--batch", "8", "--seq", "8", "--mesh",
+                      "dp=2,tp=2", "--microbatches", "3")
+    assert code == 1 and "internal error" not in err
+    assert "the global batch 8 does not split into 3 microbatch(es) on each of 2 " \
+           "data-parallel rank(s) [TVP605]" in err

@@ -217,3 +217,13 @@ def test_a_style_imported_under_another_name_is_refused(tmp_path: Path) -> None:
     module_alias = ("import torch.distributed.tensor.parallel as tp\n"
                     "plan = {'layers.*.attention.wq': tp.ColwiseParallel()}\n")
     assert import_file(tmp_path, "torchtitan", "alias.py", module_alias, *TINY)[0] == 0
+
+
+def test_a_batch_that_does_not_split_is_refused_not_an_internal_error(tmp_path: Path) -> None:
+    plan = "{\"plan\": {\"layers.*.attention.wq\": \"ColwiseParallel()\"}}"
+    code, _, err = import_file(tmp_path, "torchtitan", "plan.json", plan, "--config",
+                               "llama_tiny", "--batch", "8", "--seq", "8", "--mesh",
+                               "dp=2,tp=2", "--microbatches", "3")
+    assert code == 1 and "internal error" not in err
+    assert "does not split into 3 microbatch(es) on each of 2 data-parallel rank(s) " \
+           "[TVP605]" in err

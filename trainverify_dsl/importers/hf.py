@@ -22,6 +22,7 @@ its first batch row) are refused with the reason.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from trainverify_dsl.importers.common import (
     MeshRoles,
     Refusals,
     Refused,
+    check_batch,
     data_parallel,
     even_division,
     plan_name,
@@ -306,6 +308,8 @@ def import_hf(path: str, options: ImportOptions, refusals: Refusals) -> PlanDraf
     if refusals:
         raise Refused()
     batch_axes, gradients = data_parallel(mesh)
+    check_batch(options, refusals, options.batch or 0,
+                math.prod(mesh.size(a) for a in batch_axes), options.microbatches or 1)
     return PlanDraft(
         name=plan_name(options, _stem(path)),
         comments=(f"Imported by `tvp import hf` from {_name(path)}.",

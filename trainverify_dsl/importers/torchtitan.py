@@ -25,6 +25,7 @@ the DTensor reduces them). Anything outside the transcribed cases is refused.
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from trainverify_dsl.importers.common import (
     MeshRoles,
     Refusals,
     Refused,
+    check_batch,
     data_parallel,
     even_division,
     plan_name,
@@ -170,6 +172,8 @@ def import_torchtitan(path: str, options: ImportOptions, refusals: Refusals) -> 
     if mesh.has(PIPELINE):
         stages = pipeline_stages(options.config, even_division(options, refusals, mesh.pp))
     batch_axes, gradients = data_parallel(mesh)
+    check_batch(options, refusals, options.batch or 0,
+                math.prod(mesh.size(a) for a in batch_axes), options.microbatches or 1)
     return PlanDraft(
         name=plan_name(options, Path(path).stem),
         comments=(f"Imported by `tvp import torchtitan` from {Path(path).name}.",

@@ -21,13 +21,15 @@ ROOT = Path(__file__).resolve().parent.parent
 LIMIT = "0.001"
 
 
-def variant(tmp_path: Path, plan: str, clip: str | None, recipe: bool = True) -> Path:
-    """``plans/<plan>.tvp`` with ``clip`` appended and (``recipe``) the recipe clipping."""
+def variant(tmp_path: Path, plan: str, clip: str | None, recipe: bool = True,
+            limit: str = LIMIT) -> Path:
+    """``plans/<plan>.tvp`` with ``clip`` appended and (``recipe``) the recipe clipping at
+    ``limit``."""
     text = (ROOT / "plans" / f"{plan}.tvp").read_text()
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("spec-optimizer "))
     if recipe:
-        lines[at] += f" clip-grad-norm={LIMIT}"
+        lines[at] += f" clip-grad-norm={limit}"
     if clip is not None:
         lines.append(clip)
     path = tmp_path / f"{plan}_clip.tvp"
@@ -68,6 +70,26 @@ def test_a_wrong_norm_group_differs_at_the_statement(tmp_path: Path, plan: str,
     first = result.first
     assert first is not None and first.check == "clipping", first
     assert first.span is not None and first.span.line == line
+
+
+@pytest.mark.parametrize(("plan", "clip"), [
+    ("mlp_dp_tp", "clip-grad-norm 1000 over dp"),               # tp shards missing
+    ("mlp_tiny_dp", "clip-grad-norm 1000 replicas=each"),       # dp replicas count twice
+])
+def test_a_wrong_norm_group_differs_though_nothing_is_clipped(tmp_path: Path, plan: str,
+                                                               clip: str) -> None:
+    """At a bound no drawn norm reaches, every coefficient is 1 and the gradients are the
+    spec's: a norm summed over the wrong group agreed (and real steps past the bound clip
+    wrongly). The squared norm itself is compared first; tvp check finds it too."""
+    from trainverify_dsl.api import check_file
+
+    path = variant(tmp_path, plan, clip, limit="1000")
+    result = simulate(path)
+    assert not result.agrees
+    first = result.first
+    assert first is not None and first.tensor == "clip squared norm", first
+    assert first.span is not None and first.span.line == len(path.read_text().splitlines())
+    assert check_file(path, allow_model_outside_root=True).verdict == "counterexample"
 
 
 def test_the_recipe_and_the_plan_must_both_clip_at_one_norm(tmp_path: Path) -> None:

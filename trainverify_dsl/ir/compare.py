@@ -288,14 +288,19 @@ def _check_recipe(pair: Pair) -> None:
 
 
 def _check_clipping(pair: Pair) -> None:
-    """Every rank's ``clip-grad-norm`` coefficient against the reference's (§6.3)."""
+    """Every rank's ``clip-grad-norm`` squared norm and coefficient against the reference's
+    (§6.3)."""
     clip = pair.program.clip
     if clip is None or "clip.coef" not in pair.want:
         return  # a recipe without clipping is the recipe check's finding
+    group = f"norm group over {', '.join(clip.axes)}, replicas={clip.replicas}"
     for rank, coef in sorted(pair.got.clip_coefs.items()):
+        # the norm itself first: below the bound the coefficient is 1 whatever the norm
+        if "clip.total" in pair.want and rank in pair.got.clip_totals:
+            pair.compare("clipping", "clip squared norm", rank, pair.got.clip_totals[rank],
+                         pair.want["clip.total"], clip.origin.span, group)
         pair.compare("clipping", "clip coefficient", rank, coef, pair.want["clip.coef"],
-                     clip.origin.span, f"norm group over {', '.join(clip.axes)}, "
-                     f"replicas={clip.replicas}")
+                     clip.origin.span, group)
 
 
 def _check_updates(pair: Pair) -> None:

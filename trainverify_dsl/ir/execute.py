@@ -45,6 +45,8 @@ class ParallelOutcome:
     updates: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     #: rank -> its ``clip-grad-norm`` coefficient (a 0-d value), when the plan clips
     clip_coefs: dict[int, Any] = field(default_factory=dict)
+    #: every rank's total squared gradient norm, after the norm group's all-reduce
+    clip_totals: dict[int, Any] = field(default_factory=dict)
 
 
 class Boundaries(Protocol):
@@ -330,6 +332,7 @@ class _Run:
         for rank, acc in self.out.grads.items():
             coef = evaluate_graph(clip.coefficient, {"total": totals[rank]}, self.domain)["coef"]
             self.out.clip_coefs[rank] = coef
+            self.out.clip_totals[rank] = totals[rank]
             clipped[rank] = {p: evaluate_graph(scales[p], {"grad": g, "coef": coef},
                                                self.domain)["clipped"] for p, g in acc.items()}
         return clipped

@@ -126,6 +126,7 @@ def torch_step(model: torch.nn.Module, values: Mapping[str, np.ndarray], data: S
         norm = torch.nn.utils.clip_grad_norm_(list(named.values()), opt.max_grad_norm,
                                               foreach=False)
         out["clip.coef"] = np.array(min(1.0, opt.max_grad_norm / (float(norm) + optim.CLIP_EPS)))
+        out["clip.total"] = np.array(float(norm) ** 2)
     torch_opt = _torch_optimizer(list(named.values()), opt)
     for name, p in named.items():  # start from the drawn states, one step before the checked
         state: dict[str, Any] = {TORCH_STATE[s]: torch.from_numpy(

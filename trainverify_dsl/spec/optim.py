@@ -190,9 +190,10 @@ def clip_scale_graph(type_: TensorType) -> Graph:
 
 
 def _append_clip(graphs: dict[str, Graph], calls: list[Call], grads: list[tuple[str, TensorType]],
-                 max_norm: float) -> dict[str, str]:
+                 max_norm: float) -> tuple[dict[str, str], str | None]:
     """Calls clipping every gradient by the total norm (the single-device
-    ``clip_grad_norm_(model.parameters(), max_norm)``); returns grad -> its clipped value."""
+    ``clip_grad_norm_(model.parameters(), max_norm)``); returns grad -> its clipped value,
+    and the name of the total squared norm."""
     total = None
     dtype = grads[0][1].dtype if grads else "f32"
     if any(t.dtype != dtype for _, t in grads):
@@ -210,7 +211,7 @@ def _append_clip(graphs: dict[str, Graph], calls: list[Call], grads: list[tuple[
                           label="squared norm so far"))
         total = f"total.{grad}"
     if total is None:
-        return {}
+        return {}, None
     graphs["clip.coefficient"] = clip_coefficient_graph(max_norm, dtype)
     calls.append(Call("clip.coefficient", (total,), ("clip.coef",), label="clip coefficient"))
     clipped = {}
@@ -220,7 +221,7 @@ def _append_clip(graphs: dict[str, Graph], calls: list[Call], grads: list[tuple[
         clipped[grad] = f"clipped({grad})"
         calls.append(Call(name, (grad, "clip.coef"), (clipped[grad],),
                           label=f"{grad} clipped"))
-    return clipped
+    return clipped, total
 
 
 def append_optimizer(spec: SpecProgram, opt: Optimizer) -> SpecProgram:
@@ -233,10 +234,13 @@ def append_optimizer(spec: SpecProgram, opt: Optimizer) -> SpecProgram:
     held = [p for p in spec.params if f"grad({p.name})" in defined]
     clipped: dict[str, str] = {}
     if opt.max_grad_norm is not None:
-        clipped = _append_clip(graphs, calls, [(f"grad({p.name})", p.type) for p in held],
-                               opt.max_grad_norm)
+        clipped, total = _append_clip(graphs, calls,
+                                      [(f"grad({p.name})", p.type) for p in held],
+                                      opt.max_grad_norm)
         if clipped:
-            outputs.append(("clip.coef", "clip.coef"))
+            # the squared norm too: a plan summing its norm over the wrong group computes
+            # the coefficient 1 as the spec does whenever the norm stays below the bound
+            outputs += [("clip.coef", "clip.coef"), ("clip.total", total)]
     for param in held:
         name = _graph_name(param.type)
         graphs.setdefault(name, update_graph(opt, param.type))

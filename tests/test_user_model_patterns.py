@@ -9,6 +9,9 @@
   local node had no fake value (an internal ``KeyError: 'val'``), and AOTAutograd lifted it
   into an input of the stage's joint the importer did not know. The spec's tracer then
   refuses the value read (TVP305) in the model's forward.
+- A sequence split gathered before a pooling: every sp rank holds the same loss, and the
+  gradient shares of its pieces add up (op=sum over sp). The scale rule of §4.7 counted sp
+  among the data ranks (it splits an input) and called the right plan 2 times off (TVP411).
 """
 
 from __future__ import annotations
@@ -51,6 +54,26 @@ MODELS = textwrap.dedent('''\
             return ((self.out(h) - tgt) ** 2).mean()
 
 
+    class MaxPool(nn.Module):
+        def forward(self, h):
+            return h.amax(dim=1)
+
+
+    class PoolNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 8, bias=False)
+            self.pool = MaxPool()
+            self.head = nn.Linear(8, 4, bias=False)
+
+        def input_specs(self, batch, seq):
+            return {"inp": ((batch, seq, 4), torch.float32), "tgt": ((batch, 4), torch.float32)}
+
+        def forward(self, inp, tgt):
+            e = self.head(self.pool(self.proj(inp))) - tgt
+            return (e * e).mean()
+
+
     class MaskNet(NormNet):
         def forward(self, inp, tgt):
             mask = torch.ones(8, dtype=torch.bool)
@@ -87,3 +110,21 @@ def test_a_mask_written_in_place_is_a_located_diagnostic(tmp_path: Path) -> None
     [found] = [d for d in verdict.diagnostics if d.code.id == "TVP305"]
     # at the line, or at the forward's `def` when torch's error names no model frame
     assert found.span.file.endswith("models.py") and line - 2 <= found.span.line <= line
+
+
+POOL = ('plan p\nspec "models.py:PoolNet" batch 4 seq 4\nspec-optimizer sgd lr=0.1\n'
+        "mesh rows=2, sp=2\nsplit inp [rows, sp, -]\nsplit tgt [rows, -]\n"
+        "all-gather pool.in over sp dim=1 backward scatter\n"
+        "all-reduce grad(proj.weight) over sp op={op}\n"
+        "all-reduce grad(params) over rows op=avg\noptimizer sgd lr=0.1\n")
+
+
+def test_a_sequence_gathered_before_the_loss_is_no_data_rank_of_it(tmp_path: Path) -> None:
+    (tmp_path / "models.py").write_text(MODELS, encoding="utf-8")
+    right = tmp_path / "pool.tvp"
+    right.write_text(POOL.format(op="sum"), encoding="utf-8")
+    assert layout_diagnostics(right, allow_model_outside_root=True) == []
+    wrong = tmp_path / "pool_avg.tvp"  # averaging the shares divides the gradient by sp
+    wrong.write_text(POOL.format(op="avg"), encoding="utf-8")
+    found = layout_diagnostics(wrong, allow_model_outside_root=True)
+    assert (found[0].code.id, found[0].span.line) == ("TVP406", 8), found  # op=avg over sp

@@ -224,12 +224,19 @@ class GradientTracker:
     def finish(self, statements: Sequence[tuple[Any, tuple[str, ...]]], data_axes: set[str],
                loss_scale: Fraction, microbatches: int,
                headers: Mapping[str, Any] | None = None,
-               loss_mode: str = "local-mean", counted: tuple[str, ...] = ()) -> None:
+               loss_mode: str = "local-mean", counted: tuple[str, ...] = (),
+               loss_axes: tuple[str, ...] | None = None) -> None:
         """``headers``: the plan origins of ``loss-scale`` and ``microbatches`` (where a
         loss-scale mismatch is reported when the reductions are not at fault). ``loss_mode``
         and ``counted``: the loss reduction (Rule 4.5) and a ``token-mean``'s counted axes
-        (the microbatches count too); a ``sum`` loss's scale is not checked here."""
+        (the microbatches count too); a ``sum`` loss's scale is not checked here.
+        ``loss_axes``: the axes the loss is split over where it is normalised. A data axis
+        gathered before the loss (a sequence split undone before a pooling) leaves every
+        rank of it the same local loss, whose gradient shares add up: it is not counted
+        among the data ranks of §4.7."""
         self._headers = headers or {}
+        if loss_axes is not None:
+            data_axes = data_axes & set(loss_axes)
         self._token_mean = counted if loss_mode == "token-mean" else None
         cot = self.backward()
         used = {value for item in self.record if isinstance(item, _Op)

@@ -169,6 +169,17 @@ def lower_root(lw: Any, root: Root) -> tuple[torch.fx.Node, TLayout]:
     return normalise(lw, numerator, count, axes, cause)
 
 
+def root_axes(layouts: Any, root: Root) -> tuple[str, ...] | None:
+    """The axes the loss is split over at its normaliser: those splitting the averaged
+    tensor of a mean, those a ratio's sum is partial over; ``None`` when not lowered."""
+    lay = layouts.get(root.numerator)
+    if lay is None or isinstance(lay, tuple):
+        return None
+    if root.count is None:
+        return tuple(a for d in range(lay.rank) for a in lay.dim_axes(d))
+    return lay.partial[1] if lay.partial else ()
+
+
 def normalise(lw: Any, numerator: torch.fx.Node, count: torch.fx.Node | int,
               axes: tuple[str, ...], cause: Any) -> tuple[torch.fx.Node, TLayout]:
     """``numerator`` (this rank's sum of per-token losses, partial over ``axes``) divided as

@@ -221,6 +221,8 @@ class _Lowering:
         self.loss_root: loss_norm.Root | None = None
         #: a ``token-mean``'s local token count (a node of the loss stage) and counted axes
         self.loss_count: tuple[torch.fx.Node, tuple[str, ...]] | None = None
+        #: the normaliser the spec's loss ends in, intercepted or not (``loss.find_root``)
+        self.found_root: loss_norm.Root | None = None
 
     # -- RuleCtx ------------------------------------------------------------------------
 
@@ -399,6 +401,7 @@ class _Lowering:
                                        else results)
             if root is None and loss_norm.mode_of(self.plan) != "local-mean":
                 raise loss_norm.no_root(self.plan)
+            self.found_root = root
             self.loss_root = root if loss_norm.intercepts(self.plan, root) else None
         for node in graph.nodes:
             if node.op == "call_function" and self.stage_of.get(node) is not None \
@@ -830,7 +833,9 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor],
     lowering.grads.pipeline_copies(copies)
     lowering.grads.finish(binding.grad_statements, binding.data_axes(), plan.loss_scale,
                           plan.microbatches, dict(plan.header_origins),
-                          loss_norm.mode_of(plan), counted)
+                          loss_norm.mode_of(plan), counted,
+                          loss_norm.root_axes(lowering.layouts, lowering.found_root)
+                          if lowering.found_root is not None else None)
     routes = _explicit_sends(lowering, stages)
     backward = _backward_findings(lowering)  # may add a note to a forward finding
     findings = merge_repeats(binding.warnings + lowering.findings + backward)

@@ -403,3 +403,17 @@ def test_a_plan_text_with_a_lone_surrogate_is_an_encoding_error_not_an_exception
     assert verdict.verdict == ERROR and verdict.exit_code == 1
     found = [(d.code.id, d.span.file, d.span.line) for d in verdict.diagnostics]
     assert ("TVP109", TEXT_PLAN, 2) in found
+
+
+def test_the_api_refuses_invalid_options_before_any_work(tmp_path: Path) -> None:
+    """A `base_dir` that does not exist was a FileNotFoundError naming a temporary file, a
+    negative seed a ValueError from numpy deep inside; an empty string "a directory"."""
+    from trainverify_dsl.api import TEXT_PLAN, check
+
+    with pytest.raises(ValueError, match="is not a directory"):
+        check("plan x\nmesh dp=2\n", base_dir=tmp_path / "missing")
+    for seed in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="seed must be a whole number"):
+            check("plan x\nmesh dp=2\n", seed=seed)
+    empty = check("")
+    assert empty.verdict == ERROR and empty.plan == TEXT_PLAN

@@ -578,6 +578,7 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
     from trainverify_dsl.simulate.torch_step import ReferenceDisagrees
     from trainverify_dsl.spec.errors import SpecError
 
+    _check_seed(seed)
     start = time.perf_counter()
     verdict = Verdict(ERROR, str(path))
     try:
@@ -659,12 +660,16 @@ def check(plan: str | Path, *, base_dir: str | Path | None = None, **options: An
     raises for a bad plan. ``options`` are ``check_file``'s. A plan text is written to a
     temporary file, in ``base_dir`` when given (so a ``spec`` path relative to that folder
     resolves) and removed afterwards; its diagnostics and counterexample name
-    ``TEXT_PLAN``."""
+    ``TEXT_PLAN``. An empty string is an (empty) plan text. Invalid options (a ``base_dir``
+    that is no directory, a negative ``seed``) raise ``ValueError`` before any work."""
     import contextlib
     import os
     import tempfile
 
-    if isinstance(plan, Path) or "\n" not in plan:
+    if base_dir is not None and not Path(base_dir).is_dir():
+        raise ValueError(f"base_dir {str(base_dir)!r} is not a directory")
+    _check_seed(options.get("seed", 0))
+    if isinstance(plan, Path) or ("\n" not in plan and plan):
         return check_file(plan, **options)
     place = contextlib.nullcontext(str(base_dir)) if base_dir is not None else \
         tempfile.TemporaryDirectory()
@@ -679,6 +684,11 @@ def check(plan: str | Path, *, base_dir: str | Path | None = None, **options: An
         finally:
             Path(name).unlink(missing_ok=True)
     return _renamed(verdict, name, TEXT_PLAN)
+
+
+def _check_seed(seed: Any) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a whole number of at least 0, got {seed!r}")
 
 
 def _renamed(verdict: Any, old: str, new: str) -> Any:

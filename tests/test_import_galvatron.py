@@ -164,3 +164,21 @@ def test_gpt2_layers_use_the_templates_with_biases(tmp_path: Path) -> None:
     assert code == 1
     assert "Megatron sequence parallelism is transcribed for Llama only, not GPT2 [TVP607]" \
         in err
+
+
+def test_options_the_strategy_states_must_agree_with_it(tmp_path: Path) -> None:
+    """`--microbatches`, `--schedule` and `--pp-division` were dropped without a word where
+    the strategy's own `chunks`, `pipeline_type` and `pp_division` differ; `--loss-parallel`
+    (a torchtitan option) was accepted."""
+    config = strategy(pipeline_type="gpipe", chunks=2, pp_division="1,1")
+    code, _, err = galvatron(tmp_path, config, *ARGS, "--microbatches", "4", "--schedule",
+                             "1f1b", "--pp-division", "2,0", "--loss-parallel")
+    assert code == 1
+    messages = [line.split(": error: ")[1] for line in error_lines(err)]
+    assert "chunks gives 2 but --microbatches is 4 [TVP605]" in messages
+    assert "pipeline_type gives gpipe but --schedule is 1f1b [TVP605]" in messages
+    assert "pp_division gives 1,1 but --pp-division is 2,0 [TVP605]" in messages
+    assert any(m.startswith("--loss-parallel is an option of torchtitan") for m in messages)
+    same = galvatron(tmp_path, config, *ARGS, "--microbatches", "2", "--schedule", "gpipe",
+                     "--pp-division", "1,1")
+    assert same[0] == 0, same[2]

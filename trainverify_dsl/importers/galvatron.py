@@ -127,6 +127,7 @@ class _Reader:
         vocab = self.vocabulary(tp or 1, options)
         schedule = self.schedule(pp, chunks)
         division = self.division(pp)
+        self.options_agree(options, chunks, schedule, division)
         dp = self.data_parallel(options, pp, tp or 1)
         if self.refusals or None in (tp, consecutive, dp_type, vocab, division, dp):
             return None
@@ -239,6 +240,26 @@ class _Reader:
                               f"transcribed for Llama only, not {self.config.model.cls}")
             return None
         return vtp > 1
+
+    def options_agree(self, options: ImportOptions, chunks: int, schedule: str | None,
+                      division: tuple[int, ...] | None) -> None:
+        """Command-line options the strategy states itself must say the same (the strategy
+        is what Galvatron ran; an option silently overridden would be a plan not asked
+        for); ``--loss-parallel`` is not Galvatron's."""
+        given = [("chunks", options.microbatches, chunks, "--microbatches"),
+                 ("pipeline_type", options.schedule, schedule or "none (one microbatch)",
+                  "--schedule"),
+                 ("pp_division", options.pp_division, division, "--pp-division")]
+        for key, option, stated, flag in given:
+            if option is not None and stated is not None and option != stated:
+                shown = ",".join(map(str, option)) if isinstance(option, tuple) else option
+                value = ",".join(map(str, stated)) if isinstance(stated, tuple) else stated
+                self.refusals.add(codes.INCONSISTENT_DEGREES, f"{key} gives {value} but "
+                                  f"{flag} is {shown}", self.node(key) or self.root,
+                                  help=f"drop {flag}: the strategy file states it")
+        if options.loss_parallel is not None:
+            self.refusals.add(codes.INCONSISTENT_DEGREES, "--loss-parallel is an option of "
+                              "torchtitan plans, not of Galvatron strategies", self.root)
 
     def schedule(self, pp: int, chunks: int) -> str | None:
         node = self.node("pipeline_type")

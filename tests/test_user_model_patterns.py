@@ -128,3 +128,40 @@ def test_a_sequence_gathered_before_the_loss_is_no_data_rank_of_it(tmp_path: Pat
     wrong.write_text(POOL.format(op="avg"), encoding="utf-8")
     found = layout_diagnostics(wrong, allow_model_outside_root=True)
     assert (found[0].code.id, found[0].span.line) == ("TVP406", 8), found  # op=avg over sp
+
+
+POST = textwrap.dedent('''\
+    import torch
+    from torch import nn
+
+
+    class PostNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = nn.Linear(4, 8, bias=False)
+            self.mix = nn.Linear(8, 4, bias=False)
+            self.out = nn.Linear(4, 4, bias=False)
+
+        def input_specs(self, batch, seq):
+            return {"inp": ((batch, 4), torch.float32), "tgt": ((batch, 4), torch.float32)}
+
+        def forward(self, inp, tgt):
+            y = self.mix(torch.tanh(self.up(inp))) + 1.0
+            e = self.out(torch.tanh(y)) - tgt
+            return (e * e).mean()
+''')
+
+
+def test_a_number_added_to_a_partial_sum_is_found_by_the_layout_pass(tmp_path: Path) -> None:
+    """`y + 1.0` on the row-parallel output before its all-reduce adds 1 on every rank; the
+    layout pass flagged a tensor operand there (and `clamp`), not a number."""
+    (tmp_path / "post.py").write_text(POST, encoding="utf-8")
+    path = tmp_path / "post.tvp"
+    path.write_text('plan p\nspec "post.py:PostNet" batch 4 seq 1\nspec-optimizer sgd lr=0.1\n'
+                    "mesh mp=2\nsplit up.weight [mp, -]\ncopy up.in over mp\n"
+                    "split mix.weight [-, mp]\nall-reduce out.in over mp\n"
+                    "optimizer sgd lr=0.1\n", encoding="utf-8")
+    found = layout_diagnostics(path, allow_model_outside_root=True)
+    first = found[0]  # (then tanh of the partial sum, TVP404, and what follows)
+    assert first.code.id == "TVP405" and "the number 1" in first.message, found
+    assert first.span.line == 7

@@ -123,10 +123,18 @@ def _broadcast(ctx: RuleCtx, name: str, args: tuple[Any, ...], kwargs: dict[str,
     if partials:
         first = partials[0]
         if name in ADDITIVE:
+            # a number added to a partial sum (``y + 1.0``) enters it once per rank too
+            number = next((a for a in args[1:2] if isinstance(a, (int, float)) and
+                           not isinstance(a, bool) and a != 0), None) \
+                if name in ("aten.add", "aten.sub") else None
             if len(partials) < len(layouts) and name != "aten.where":
                 ctx.finding(codes_lower.MIXED_PARTIAL, f"{_op(name)} of a partial sum over "
                             f"{', '.join(first.partial[1])} and a complete operand: the "
                             f"complete operand enters the sum once per rank", first)
+            elif number is not None:
+                ctx.finding(codes_lower.MIXED_PARTIAL, f"{_op(name)} of a partial sum over "
+                            f"{', '.join(first.partial[1])} and the number {number:g}: the "
+                            f"number enters the sum once per rank", first)
             if any(p.partial != first.partial for p in partials):
                 ctx.finding(codes_lower.PARTIAL_NONLINEAR, f"{_op(name)} of operands partial over "
                             "different axes", first)

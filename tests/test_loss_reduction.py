@@ -325,7 +325,11 @@ def test_a_models_own_cross_entropy_has_its_labels_masked_without_declaring_them
     wrong = user_lm_plan(tmp_path, "loss-scale 1/microbatches", "avg")
     # the embedding's backward tests ids against padding_idx -1: not the model's test
     assert inferred_masks(build_programs(wrong).spec.program, 16) == {"y_true": -100}
-    assert not simulate_file(wrong).agrees
+    result = simulate_file(wrong)
+    assert not result.agrees
+    # the reading says why, and what to state (a user's finding: nothing said so)
+    assert "`y_true` at -100" in result.reading.text
+    assert "state `loss-reduction token-mean`" in result.reading.text
     assert check_file(wrong).verdict == "counterexample"
 
 

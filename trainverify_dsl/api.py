@@ -365,7 +365,35 @@ def simulate_programs(program: ParallelProgram, reference: Any,
     data = [g.name for g in reference.program.inputs if g.kind == "data"]
     check_reference(want, model, values, data, reference_opt, TOLERANCE, FLOOR)
     progress(f"evaluating the parallel program on {program.world_size:,} ranks and comparing")
-    return compare_programs(program, want, values, reference_opt)
+    result = compare_programs(program, want, values, reference_opt)
+    return _masked_loss_hint(result, program, reference, model)
+
+
+def _masked_loss_hint(result: SimulationResult, program: ParallelProgram, reference: Any,
+                      model: Any) -> SimulationResult:
+    """A loss that differs under the default ``local-mean`` while labels are drawn masked
+    (the model's ``masked_inputs()``, or torch's ``cross_entropy`` ignoring -100 unasked):
+    the reading says why each rank's count is its own, and what states the token mean."""
+    from dataclasses import replace as renew
+
+    from trainverify_dsl.simulate.run import inferred_masks
+
+    first = result.first
+    if result.agrees or first is None or first.tensor != "loss" or result.reading is None \
+            or program.loss.mode != "local-mean":
+        return result
+    masked = dict(getattr(model, "masked_inputs", dict)())
+    vocab = next((m.num_embeddings for m in model.modules()
+                  if isinstance(m, torch.nn.Embedding)), 2)
+    masked.update(inferred_masks(reference.program, vocab))
+    if not masked:
+        return result
+    inputs = ", ".join(f"`{name}` at {value}" for name, value in sorted(masked.items()))
+    result.reading = renew(result.reading, text=(
+        f"{result.reading.text}; the inputs were drawn masked ({inputs}: masked positions do "
+        "not count), so under the default `loss-reduction local-mean` each rank divides by "
+        "its own token count: for the step's mean state `loss-reduction token-mean`"))
+    return result
 
 
 @dataclass

@@ -59,7 +59,8 @@ def test_the_layout_pass_names_its_phases_with_the_file() -> None:
     lint = with_layout_pass(default_linter(), progress=seen.append)
     assert list(lint(str(PLAN))) == []
     assert seen == [f"{PLAN}: building the model at full size on fake tensors",
-                    f"{PLAN}: lowering every stage at full size (the layout pass)"]
+                    f"{PLAN}: lowering every stage at full size (the layout pass)",
+                    f"{PLAN}: looking for sizes the model reads as numbers"]
 
 
 def test_spec_and_lint_spec_through_a_pipe_add_nothing_to_stderr() -> None:

@@ -284,12 +284,13 @@ def _size_reads(setup: SimulationSetup, binding: Any, fallback: Span) -> list[Di
     if plan.microbatches > 1:  # microbatches cut dimension 0 of every input (Rule 4.1)
         for name in setup.input_specs:
             split[(name, 0)] = ("microbatches",) + tuple(split.get((name, 0), ()))
-    found = []
+    found, seen = [], set()
     for read, changed in reads:
         hit = sorted((name, dim, axes) for (name, dim), axes in split.items()
                      if (name, dim) in changed)
-        if not hit:
-            continue
+        if not hit or (read.op, read.frame, read.value) in seen:
+            continue  # (a number following batch and seq both is one finding)
+        seen.add((read.op, read.frame, read.value))
         notes = tuple(f"the plan splits dimension {dim} of `{name}` over {', '.join(axes)}"
                       for name, dim, axes in hit)
         found.append(Diagnostic(

@@ -9,6 +9,8 @@
   local node had no fake value (an internal ``KeyError: 'val'``), and AOTAutograd lifted it
   into an input of the stage's joint the importer did not know. The spec's tracer then
   refuses the value read (TVP305) in the model's forward.
+  The distributed oracle's single-device step and its ranks run it in float64 too (they
+  rounded apart, 1e-7, and the oracle said "differs").
 - A sequence split gathered before a pooling: every sp rank holds the same loss, and the
   gradient shares of its pieces add up (op=sum over sp). The scale rule of §4.7 counted sp
   among the data ranks (it splits an input) and called the right plan 2 times off (TVP411).
@@ -165,3 +167,13 @@ def test_a_number_added_to_a_partial_sum_is_found_by_the_layout_pass(tmp_path: P
     first = found[0]  # (then tanh of the partial sum, TVP404, and what follows)
     assert first.code.id == "TVP405" and "the number 1" in first.message, found
     assert first.span.line == 7
+
+
+def test_the_distributed_oracle_agrees_on_a_float32_cast(tmp_path: Path) -> None:
+    """The oracle's single-device step and its ranks rounded the cast to float32 apart
+    (relative 1e-7, reported as a difference): both run it as float64 now."""
+    from trainverify_dsl.oracle import run_distributed
+
+    result = run_distributed(str(plan(tmp_path, "NormNet")), allow_model_outside_root=True)
+    assert result.error is None, result.error
+    assert result.compared > 0 and result.max_rel_error < 1e-12

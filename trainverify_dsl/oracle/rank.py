@@ -32,6 +32,7 @@ from trainverify_dsl.lower.lowering import Lowered, Slot
 from trainverify_dsl.oracle.comm import StageRunner, World, collective
 from trainverify_dsl.oracle.reference import STATES, make_optimizer, seed_states
 from trainverify_dsl.plan.checks import sync_time
+from trainverify_dsl.spec.float64 import Float64
 
 GRAD_KINDS = {"all-reduce": "all_reduce", "reduce-scatter": "reduce_scatter"}
 
@@ -369,11 +370,12 @@ def run_rank(lowered: Lowered, values: Mapping[str, np.ndarray], world: World,
         raise ValueError(f"collectives must be 'torch' or 'project', not {collectives!r}")
     step = RankStep(lowered, values, world, seed, comm)
     timed = step.timed()
-    for m in range(lowered.sizes[MICROBATCH_AXIS]):
-        step.microbatch(m)
-        if timed:
-            step.sync_microbatch(m)
-    return step.finish()
+    with Float64():  # a cast the model writes stays float64 (spec/float64.py)
+        for m in range(lowered.sizes[MICROBATCH_AXIS]):
+            step.microbatch(m)
+            if timed:
+                step.sync_microbatch(m)
+        return step.finish()
 
 
 def tied_stages(lowered: Lowered) -> dict[str, list[int]]:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from trainverify_dsl.plan.model import Optimizer
+from trainverify_dsl.spec.float64 import Float64
 
 #: torch.optim's state tensors per optimizer kind (SGD without momentum keeps none; with
 #: momentum its first step creates the buffer from the gradient, so none is drawn either).
@@ -115,8 +116,9 @@ def reference_step(model: torch.nn.Module, values: Mapping[str, np.ndarray],
         for name, tensor in [*net.named_parameters(), *net.named_buffers()]:
             tensor.copy_(torch.from_numpy(np.asarray(values[name])))
     args = [torch.from_numpy(np.asarray(values[n])) for n in input_names]
-    loss = net(*args)
-    loss.backward()
+    with Float64():  # a cast the model writes stays float64, as on the ranks
+        loss = net(*args)
+        loss.backward()
     named = dict(net.named_parameters())
     out = {"loss": loss.detach().numpy().copy()}
     for name, p in named.items():

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from trainverify_dsl.spec import optim
+from trainverify_dsl.spec.float64 import Float64
 from trainverify_dsl.spec.load import USER_CODE_ERRORS
 from trainverify_dsl.spec.marks import POINT, point_values
 from trainverify_dsl.spec.trace import run_error
@@ -66,30 +67,6 @@ def _record_points(net: torch.nn.Module, points: Sequence[str],
 
         handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
     return handles
-
-
-_NARROW_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-_TO_FLOAT64 = {torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16}
-
-
-def _widen(value: Any) -> Any:
-    return torch.float64 if isinstance(value, torch.dtype) and value in _NARROW_FLOATS \
-        else value
-
-
-class Float64(torch.overrides.TorchFunctionMode):
-    """Every floating-point dtype the model's code asks for is float64: the IR reads every
-    float as a real number and evaluates in float64, so a cast the model writes (Hugging
-    Face's RMSNorm computes in ``float32`` and casts back; ``torch.ones(..., dtype=
-    torch.float32)``) is the identity there, and must be here too, or float32 round-off
-    would read as a disagreement of the trusted base."""
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (),
-                           kwargs: Any = None) -> Any:
-        kwargs = {k: _widen(v) for k, v in (kwargs or {}).items()}
-        if func in _TO_FLOAT64:
-            return args[0].double()
-        return func(*(_widen(a) for a in args), **kwargs)
 
 
 def torch_step(model: torch.nn.Module, values: Mapping[str, np.ndarray], data: Sequence[str],

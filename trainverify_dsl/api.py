@@ -318,6 +318,8 @@ def over_budget(plan: Any, need: Estimate, budget: int, shrunk: bool) -> Diagnos
     advice = "raise the budget with --max-memory, or use fewer ranks" if shrunk else \
         "simulate with shrunk widths (the default, without --no-shrink), raise the budget " \
         "with --max-memory, or use fewer ranks"
+    advice += "; a model of your own shrinks only the fields its class lists in `WIDTHS` " \
+        "(docs/models.md)"
     return Diagnostic(
         OVER_BUDGET, f"simulating this plan would need {need.describe()}, above the budget "
         f"of {human(budget)}", plan.mesh.span,

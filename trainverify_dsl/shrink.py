@@ -43,6 +43,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from trainverify_dsl.plan.model import PIPELINE_AXIS, ZIGZAG, Plan
@@ -407,20 +408,21 @@ def _zero_blocks(plan: Plan, binding: Any, axes: Callable[[tuple[str, ...]], Any
 
 def _width_fields(plan: Plan, config: dict[str, Any], model: str, model_ref: Any
                   ) -> dict[str, Any]:
-    """The config fields that are widths. A shipped model's (named through a config of
-    ``configs.json`` or a file of ``stdlib/models``): all, the tables saying which are
-    products and counts. A model of the user's own: only those its class lists in
-    ``WIDTHS`` (docs/models.md). Any other field may select code (``mode 3``) or be tied to
-    another inside the model (``head_dim = hid // heads``): shrunk, it would prove another
-    model, so it keeps its value and only ``batch`` and ``seq`` shrink."""
+    """The config fields that are widths. A shipped model's (its file in the stdlib, however
+    the path or config names it): all, the tables saying which are products and counts. A
+    model of the user's own: only those its class lists in ``WIDTHS`` (docs/models.md). Any
+    other field may select code (``mode 3``) or be tied to another inside the model
+    (``head_dim = hid // heads``): shrunk, it would prove another model, so it keeps its
+    value and only ``batch`` and ``seq`` shrink."""
+    from trainverify_dsl.resources import RESOURCES
     from trainverify_dsl.spec.load import ModelRef, model_class, resolve_ref
 
     assert plan.spec is not None
-    if model in DERIVED and (plan.spec.config is not None or
-                             plan.spec.model.startswith("stdlib/models/")):
-        return config
     ref = model_ref if isinstance(model_ref, ModelRef) else \
         resolve_ref(plan.spec.model, plan.spec.config)
+    shipped = Path(ref.file).resolve().is_relative_to(RESOURCES.stdlib_dir.resolve())
+    if model in DERIVED and shipped:
+        return config
     declared = getattr(model_class(ref), "WIDTHS", ())
     return {k: v for k, v in config.items() if k in declared}
 

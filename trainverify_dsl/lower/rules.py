@@ -207,7 +207,8 @@ def _assert_metadata(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any]
     float32 and casts back): no value, so any layout; its size and stride, when stated, are
     the global ones and are dropped (dtype, device and layout stay)."""
     local = {k: v for k, v in kwargs.items() if k not in ("size", "stride")}
-    return Result(ctx.layout(args[0]), (args[0], *args[1:1]), local)
+    positional = (args[0], None, None, *args[3:]) if len(args) > 1 else (args[0],)
+    return Result(ctx.layout(args[0]), positional, local)
 
 
 # -- factories ----------------------------------------------------------------------------

@@ -379,16 +379,14 @@ def _masked_loss_hint(result: SimulationResult, program: ParallelProgram, refere
     the reading says why each rank's count is its own, and what states the token mean."""
     from dataclasses import replace as renew
 
-    from trainverify_dsl.simulate.run import inferred_masks
+    from trainverify_dsl.simulate.run import inferred_masks, model_vocab
 
     first = result.first
     if result.agrees or first is None or first.tensor != "loss" or result.reading is None \
             or program.loss.mode != "local-mean":
         return result
     masked = dict(getattr(model, "masked_inputs", dict)())
-    vocab = next((m.num_embeddings for m in model.modules()
-                  if isinstance(m, torch.nn.Embedding)), 2)
-    masked.update(inferred_masks(reference.program, vocab))
+    masked.update(inferred_masks(reference.program, model_vocab(model) or 2))
     if not masked:
         return result
     inputs = ", ".join(f"`{name}` at {value}" for name, value in sorted(masked.items()))

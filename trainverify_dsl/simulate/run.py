@@ -101,7 +101,7 @@ def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Gener
     never drawn (``inferred_masks``), has some entries masked (``_mask``)."""
     buffers = {n: b.detach().cpu().double().numpy() if b.is_floating_point() else
                b.detach().cpu().numpy() for n, b in model.named_buffers()}
-    vocab = _vocab(model)
+    vocab = model_vocab(model)
     masked: dict[str, int] = dict(getattr(model, "masked_inputs", dict)())
     if program is not None:
         for name, value in inferred_masks(program, vocab or 2).items():
@@ -199,7 +199,7 @@ def _mask(ids: np.ndarray, value: int, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def _vocab(model: torch.nn.Module) -> int | None:
+def model_vocab(model: torch.nn.Module) -> int | None:
     for module in model.modules():
         if isinstance(module, torch.nn.Embedding):
             return module.num_embeddings

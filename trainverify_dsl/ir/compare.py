@@ -70,6 +70,9 @@ class Recipe:
 
     reference_updates: bool
     problem: str | None = None
+    #: what is wrong with each per-rank override's recipe (§6.4): (index into the optimizer's
+    #: ``overrides``, the difference), reported at the override
+    override_problems: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass
@@ -285,6 +288,8 @@ def _check_recipe(pair: Pair) -> None:
         return
     if pair.recipe.problem is not None:
         pair.fail("optimizer recipe", "optimizer", span, pair.recipe.problem)
+    for index, problem in pair.recipe.override_problems:
+        pair.fail("optimizer recipe", "optimizer", opt.overrides[index].origin.span, problem)
 
 
 def _check_clipping(pair: Pair) -> None:

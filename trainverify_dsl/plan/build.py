@@ -543,6 +543,14 @@ class Builder:
             given = dict(self._hyper(body, kind, origin, required=()))
             hyper = tuple((k, given.pop(k, v)) for k, v in optimizer.hyper) + \
                 tuple(given.items())
+            if kind == "sgd" and _momentum_on(hyper) != _momentum_on(optimizer.hyper):
+                self._override_error(
+                    "the override turns SGD momentum " +
+                    ("on" if _momentum_on(hyper) else "off") + ": that adds or removes the "
+                    "momentum buffer, a state of the optimizer; an override changes "
+                    "hyper-parameters, not the optimizer's states", origin,
+                    "keep momentum nonzero on every rank or zero on every rank")
+                continue
             new = RankOverride(coords, Optimizer(kind, hyper, optimizer.shard_axes, origin),
                                origin)
             clash = next((o for o in out if _overlap(o.coords, coords)), None)
@@ -751,6 +759,12 @@ def _options_of(stmt: ast.Statement) -> tuple[ast.Option, ...]:
         case ast.OnStmt():
             return stmt.body.options
     return ()
+
+
+def _momentum_on(hyper: tuple[tuple[str, OptionValue], ...]) -> bool:
+    """Whether SGD with ``hyper`` keeps a momentum buffer (torch: ``momentum != 0``)."""
+    value = dict(hyper).get("momentum", 0)
+    return value is not None and value != 0
 
 
 def _overlap(a: tuple[tuple[str, int], ...], b: tuple[tuple[str, int], ...]) -> bool:

@@ -236,10 +236,19 @@ def recipe(program: ParallelProgram, reference_opt: optim.Optimizer | None) -> R
         return Recipe(reference_opt is not None)
     clip = program.clip.max_norm if program.clip is not None else None
     mine = optim.optimizer_config(opt.kind, dict(opt.hyper), clip)
-    if mine == reference_opt:
-        return Recipe(True)
-    return Recipe(True, f"the plan's optimizer {_describe_opt(mine)} differs from the spec's "
-                        f"{_describe_opt(reference_opt)}")
+    problem = None if mine == reference_opt else (
+        f"the plan's optimizer {_describe_opt(mine)} differs from the spec's "
+        f"{_describe_opt(reference_opt)}")
+    # an override that changes anything is a difference from the spec on its ranks (§6.4),
+    # however small its effect on the drawn values
+    overrides = []
+    for index, override in enumerate(opt.overrides):
+        theirs = optim.optimizer_config(opt.kind, {**dict(opt.hyper), **dict(override.hyper)},
+                                        clip)
+        if theirs != reference_opt:
+            overrides.append((index, f"the override's optimizer {_describe_opt(theirs)} "
+                                     f"differs from the spec's {_describe_opt(reference_opt)}"))
+    return Recipe(True, problem, tuple(overrides))
 
 
 def _describe_opt(opt: optim.Optimizer) -> str:

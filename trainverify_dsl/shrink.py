@@ -220,7 +220,7 @@ def monomial(size: int, probe: Mapping[str, int], primes: Mapping[str, int],
         return factors, ()
     for scale in range(1, SUM_SCALES + 1):
         if rest % scale == 0:
-            found = _summands(rest // scale, probe)
+            found = _summands(rest // scale, {w: probe[w] for w in primes})
             if found:
                 return factors, (found,)
     if constants:
@@ -406,14 +406,21 @@ def _zero_blocks(plan: Plan, binding: Any, axes: Callable[[tuple[str, ...]], Any
     return rules
 
 
+#: The spec line's input sizes (``batch``, ``seq``): widths of every model, shrunk for a user's
+#: model only when its class lists them in ``WIDTHS``.
+INPUT_SIZES = ("batch", "seq")
+
+
 def _width_fields(plan: Plan, config: dict[str, Any], model: str, model_ref: Any
-                  ) -> dict[str, Any]:
-    """The config fields that are widths. A shipped model's (its file in the stdlib, however
-    the path or config names it): all, the tables saying which are products and counts. A
-    model of the user's own: only those its class lists in ``WIDTHS`` (docs/models.md). Any
-    other field may select code (``mode 3``) or be tied to another inside the model
-    (``head_dim = hid // heads``): shrunk, it would prove another model, so it keeps its
-    value and only ``batch`` and ``seq`` shrink."""
+                  ) -> tuple[dict[str, Any], frozenset[str]]:
+    """The config fields that are widths, and the input sizes kept at their values. A shipped
+    model's (its file in the stdlib, however the path or config names it): every field, the
+    tables saying which are products and counts, and ``batch`` and ``seq`` shrink. A model of
+    the user's own: only the fields and input sizes its class lists in ``WIDTHS``
+    (docs/models.md). Any other field may select code (``mode 3``) or be tied to another
+    inside the model (``head_dim = hid // heads``), and the model may compare positions with
+    a constant of its own (a sliding window of 2 is plain causal attention at ``seq`` 2):
+    shrunk, it would prove another model, so it keeps its value."""
     from trainverify_dsl.resources import RESOURCES
     from trainverify_dsl.spec.load import ModelRef, model_class, resolve_ref
 
@@ -422,9 +429,10 @@ def _width_fields(plan: Plan, config: dict[str, Any], model: str, model_ref: Any
         resolve_ref(plan.spec.model, plan.spec.config)
     shipped = Path(ref.file).resolve().is_relative_to(RESOURCES.stdlib_dir.resolve())
     if model in DERIVED and shipped:
-        return config
+        return config, frozenset()
     declared = getattr(model_class(ref), "WIDTHS", ())
-    return {k: v for k, v in config.items() if k in declared}
+    return ({k: v for k, v in config.items() if k in declared},
+            frozenset(k for k in INPUT_SIZES if k not in declared))
 
 
 def point_shapes(model: Any, inputs: Mapping[str, Any], points: set[str]
@@ -517,12 +525,15 @@ def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) 
 
     assert plan.spec is not None and plan.mesh is not None
     config, model = _config(plan, settings), _class_name(plan)
-    fields = _width_fields(plan, config, model, model_ref)
-    constants = any(type(v) is int for k, v in config.items() if k not in fields)
+    fields, kept = _width_fields(plan, config, model, model_ref)
+    constants = bool(kept) or any(type(v) is int for k, v in config.items() if k not in fields)
     full = independent_widths(fields, model, plan.spec.batch or 1, plan.spec.seq or 1)
+    if set(full) <= kept:  # a user's model that lists no widths: nothing is shrunk
+        return Shrunk({}, full["batch"], full["seq"], full, dict(full), ())
     bounds = AT_LEAST.get(model, ())
     multiples = {w: m for w, m, _ in bounds if w in full}
-    primes = probe_primes(full, multiples)
+    # a kept size is built at its own value, a constant of the probe model
+    primes = probe_primes({w: v for w, v in full.items() if w not in kept}, multiples)
     probe = {w: primes[w] * multiples.get(w, 1) if w in primes else v for w, v in full.items()}
     try:
         fake = load_model(model_ref or plan.spec.model, plan.spec.config,
@@ -543,7 +554,7 @@ def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) 
     shapes = point_shapes(fake, specs, points) if points else {}
     rules = plan_divisibilities(plan, binding, shapes, probe, primes, constants)
     least = {w: lowest(config) for w, _, lowest in bounds if w in full}
-    widths = shrink_widths(full, rules, multiples, least)
+    widths = {**shrink_widths(full, rules, multiples, least), **{w: full[w] for w in kept}}
     overrides = config_values(widths, config, model)
     return Shrunk({k: v for k, v in overrides.items() if config.get(k) != v},
                   widths["batch"], widths["seq"], widths, full, tuple(rules))

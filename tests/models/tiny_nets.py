@@ -199,10 +199,10 @@ class NormAfterRowNet(nn.Module):
 
 class RenamedInputs(nn.Module):
     """``TwoLinear`` whose inputs are named ``inp`` and ``goal`` (no ``x``, no ``tokens``):
-    nothing may depend on an input's name. Both fields are independent sizes (``WIDTHS``,
-    so shrinking may change them)."""
+    nothing may depend on an input's name. Both fields, the batch and the sequence are
+    independent sizes (``WIDTHS``, so shrinking may change them)."""
 
-    WIDTHS = ("d", "hidden")
+    WIDTHS = ("d", "hidden", "batch", "seq")
 
     def __init__(self, d: int = 4, hidden: int = 8) -> None:
         super().__init__()

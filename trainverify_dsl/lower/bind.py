@@ -16,7 +16,6 @@ a ZeRO shard over an axis that already splits a parameter; a false layout claim 
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
@@ -25,8 +24,13 @@ from torch import nn
 
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, Factor, TLayout, append_axes, ways
 from trainverify_dsl.lower.findings import Finding
-from trainverify_dsl.plan import vocab
-from trainverify_dsl.plan.checks import INTERLEAVED, is_layer_selection, layer_chunks
+from trainverify_dsl.plan.checks import (
+    INTERLEAVED,
+    indexed_lists,
+    is_layer_selection,
+    layer_chunks,
+    pipeline_list_problems,
+)
 from trainverify_dsl.plan.model import (
     PIPELINE_AXIS,
     ZIGZAG,
@@ -532,6 +536,7 @@ class _Binder:
             return
         count = max(s.index for s in self.plan.stages) + 1
         members: list[tuple[TensorPattern, ...]] = [() for _ in range(count)]
+        errors = len(b.errors)
         for stage in self.plan.stages:
             members[stage.index] = members[stage.index] + stage.members
             for member in stage.members:
@@ -542,30 +547,47 @@ class _Binder:
                                  "module")
         b.stage_members = members
         b.stage_places = [(index, 0) for index in range(count)]
-        if self.plan.schedule == INTERLEAVED:
-            self._virtual_stages(count)
+        if len(b.errors) > errors:
+            return
+        lengths = self._stage_lists()
+        for d in pipeline_list_problems(self.plan, lengths):
+            b.errors.append(Finding(d.code, d.message, d.span, "", d.help, d.notes))
+        if self.plan.schedule == INTERLEAVED and len(b.errors) == errors:
+            self._virtual_stages(count, lengths)
 
-    def _virtual_stages(self, pp: int) -> None:
-        """Interleaved 1F1B (docs/semantics.md §5.3): each pp rank's layer chunks become
-        stages of their own, chunk ``c`` of rank ``r`` at position ``c * pp + r``. A member
-        that is not a layer range goes with the rank's first chunk when the model defines it
-        before its layers (``embed``), else with the last (``norm``, ``output``, ``loss``); a
-        wrong guess is a data dependency the lowering reports, never a silent move."""
+    def _stage_lists(self) -> dict[str, int]:
+        """The module lists the plan indexes (``plan.checks.indexed_lists``: whatever their
+        names) that are lists of the model, with their real lengths, in the model's order:
+        what the stages' selections, their overlaps, coverage and chunks are counted in."""
+        lengths: dict[str, int] = {}
+        for name in self.b.module_order:
+            parent, _, last = name.rpartition(".")
+            if parent and last.isdigit():
+                lengths[parent] = max(lengths.get(parent, 0), int(last) + 1)
+        named = set(indexed_lists(self.plan))
+        return {path: n for path, n in lengths.items() if path in named}
+
+    def _virtual_stages(self, pp: int, lengths: Mapping[str, int]) -> None:
+        """Interleaved 1F1B (docs/semantics.md §5.3): each pp rank's chunks of the module
+        lists ``lengths`` become stages of their own, chunk ``c`` of rank ``r`` at position
+        ``c * pp + r``. A member that is not a list selection goes with the rank's first
+        chunk when the model defines it before the lists' first element (``embed``), else
+        with the last (``norm``, ``output``, ``loss``); a wrong guess is a data dependency
+        the lowering reports, never a silent move."""
         b = self.b
-        n_layers = sum(1 for m in b.modules if re.fullmatch(rf"{vocab.LAYER_LIST}\.\d+", m))
-        chunks = layer_chunks(self.plan.stages, n_layers)
+        chunks = layer_chunks(self.plan.stages, lengths)
         v = max((len(runs) for runs in chunks.values()), default=1)
         order = {m: i for i, m in enumerate(b.module_order)}
-        first_layer = order.get(f"{vocab.LAYER_LIST}.0", 0)
+        first_layer = min((order[f"{path}.0"] for path in lengths if f"{path}.0" in order),
+                          default=0)
         members: list[tuple[TensorPattern, ...]] = [() for _ in range(v * pp)]
         for stage in self.plan.stages:
             runs = chunks.get(stage.index, [])
-            for c, run in enumerate(runs):
-                members[c * pp + stage.index] += tuple(
-                    TensorPattern((NameSeg(vocab.LAYER_LIST), IndexSeg(i))) for i in run)
+            for c, (path, run) in enumerate(runs):
+                members[c * pp + stage.index] += tuple(_pattern(f"{path}.{i}") for i in run)
             last = max(len(runs) - 1, 0)
             for member in stage.members:
-                if is_layer_selection(member):
+                if is_layer_selection(member, lengths):
                     continue
                 where = [order[m] for m in b.module_order
                          if m and str(member) != "loss" and member.matches(m, prefix=True)]

@@ -1,14 +1,17 @@
 """Whole-plan semantic checks (no torch, no spec): input divisibility and pipeline stages.
 
 Each check first *detects* (a small finding value), then a builder turns findings into
-diagnostics. The layer count comes from ``stdlib/models/configs.json`` (read as JSON, the
-model is never imported); without it, coverage completeness is skipped.
+diagnostics. A module list is any path the plan indexes (``blocks[0:2]``, ``blocks.3.lin``):
+no name is special. Its length is known here only from the layer count of the spec line or
+of ``stdlib/models/configs.json`` (read as JSON, the model is never imported), and only when
+the plan indexes one list; the binding (``lower/bind.py``) runs the same pipeline checks
+again with every list's real length (``pipeline_list_problems``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -22,6 +25,7 @@ from trainverify_dsl.plan.model import (
     IndexSeg,
     Layout,
     Mesh,
+    NameSeg,
     Origin,
     PatternSegment,
     PipelineStage,
@@ -52,10 +56,14 @@ def check_plan(plan: Plan, collector: Collector, project_root: Path,
     for overlap in find_overlap_conflicts(plan.layouts):
         collector.add(overlap.diagnostic(plan.mesh))
     n_layers = layer_count(plan, project_root, collector)
-    for diagnostic in check_pipeline(plan, plan.mesh, n_layers):
+    lists = indexed_lists(plan)
+    # the layer count is one list's length: the list, when the plan indexes only one
+    counted = lists[0] if n_layers is not None and len(lists) == 1 else None
+    lengths = {path: n_layers if path == counted else None for path in lists}
+    for diagnostic in check_pipeline(plan, plan.mesh, lengths):
         collector.add(diagnostic)
-    if n_layers is not None:
-        collector.extend(find_layers_out_of_range(plan, n_layers))
+    if counted is not None and n_layers is not None:
+        collector.extend(find_layers_out_of_range(plan, counted, n_layers))
     # a statement the parser could not read may be the optimizer: "no optimizer" would be
     # a second, wrong report of the syntax error
     unread = parse_errors or any(d.code.id.startswith("TVP1") and d.severity is Severity.ERROR
@@ -221,23 +229,55 @@ def _beyond(segment: PatternSegment, n_layers: int) -> bool:
     return False
 
 
-def find_layers_out_of_range(plan: Plan, n_layers: int) -> list[Diagnostic]:
+def find_layers_out_of_range(plan: Plan, layer_list: str, n_layers: int) -> list[Diagnostic]:
+    """TVP268: targets indexing the list ``layer_list`` (of ``n_layers``) past its end."""
     found, seen = [], set()
     for target, origin in _targets(plan):
         segments = target.segments
-        if len(segments) < 2 or target.head != vocab.LAYER_LIST:
+        n = _list_prefix(target)
+        if n is None or _path_text(segments[:n]) != layer_list:
             continue
-        if not _beyond(segments[1], n_layers) or (str(target), origin.span) in seen:
+        if not _beyond(segments[n], n_layers) or (str(target), origin.span) in seen:
             continue
         seen.add((str(target), origin.span))
-        first = segments[1]
+        first = segments[n]
         where = ("before the first one (a negative index counts from the end)"
                  if isinstance(first, IndexSeg) and first.index < 0 else "beyond the last one")
         found.append(messages.at(
             codes.LAYER_OUT_OF_RANGE, f"'{target}' names layers {where}", origin,
-            notes=[f"the model has {n_layers} layers (layers[0:{n_layers}])"],
+            notes=[f"the model has {n_layers} layers ({layer_list}[0:{n_layers}])"],
             help="check the spec's config, or use layer indices below the layer count"))
     return found
+
+
+def _path_text(segments: Sequence[PatternSegment]) -> str:
+    return ".".join(seg.name if isinstance(seg, NameSeg) else str(seg.index)
+                    for seg in segments if isinstance(seg, NameSeg | IndexSeg))
+
+
+def _list_prefix(target: TensorPattern) -> int | None:
+    """How many leading names a target has before its first index or slice (``blocks`` of
+    ``blocks[0:2]``, ``blocks.3.lin``): the module list it names by position, or ``None``."""
+    for position, seg in enumerate(target.segments):
+        if isinstance(seg, IndexSeg | SliceSeg):
+            return position or None
+        if not isinstance(seg, NameSeg):
+            return None
+    return None
+
+
+def indexed_lists(plan: Plan) -> tuple[str, ...]:
+    """The module lists the plan names by position, the ones its pipeline stages name first:
+    a path followed by an index or a slice is a list, whatever its name (the model is not
+    read here; ``lower/bind.py`` knows every list of the model)."""
+    targets = [m for stage in plan.stages for m in stage.members]
+    targets += [target for target, _ in _targets(plan)]
+    found: dict[str, None] = {}
+    for target in targets:
+        n = _list_prefix(target)
+        if n is not None:
+            found.setdefault(_path_text(target.segments[:n]))
+    return tuple(found)
 
 
 # ---------------------------------------------------------------- inputs (tokens, labels)
@@ -373,7 +413,10 @@ def _read_configs(path: Path) -> dict | None:
 # ---------------------------------------------------------------- pipeline
 
 
-def check_pipeline(plan: Plan, mesh: Mesh, n_layers: int | None) -> list[Diagnostic]:
+def check_pipeline(plan: Plan, mesh: Mesh, lengths: Mapping[str, int | None]
+                   ) -> list[Diagnostic]:
+    """``lengths``: the module lists stages may select from, each with its length or
+    ``None`` (unknown here: the selections' largest bound stands in for it)."""
     interleaved = plan.schedule == INTERLEAVED
     if not plan.stages and not plan.sends:
         return [_no_virtual_stages(plan, "the plan has no pipeline stages")] if interleaved \
@@ -387,10 +430,25 @@ def check_pipeline(plan: Plan, mesh: Mesh, n_layers: int | None) -> list[Diagnos
     pp = mesh.size("pp")
     found = _range_problems(plan, pp)
     stages = [s for s in plan.stages if 0 <= s.index < pp]
-    found += _duplicate_indices(stages) + _gaps(stages, pp) + _member_overlaps(stages)
-    found += _layer_problems(stages, n_layers, interleaved)
+    found += _duplicate_indices(stages) + _gaps(stages, pp) + _member_overlaps(stages, lengths)
+    found += _layer_problems(stages, lengths, interleaved)
     if interleaved and not found:
-        found += _virtual_problems(plan, stages, n_layers, pp)
+        found += _virtual_problems(plan, stages, lengths, pp)
+    return found
+
+
+def pipeline_list_problems(plan: Plan, lengths: Mapping[str, int]) -> list[Diagnostic]:
+    """The stages' module-list checks (TVP242 overlaps, stage order, TVP245 coverage,
+    TVP247 virtual stages) again, with every list's real length: for the binding, which
+    knows the model, where the plan-level checks knew a length only from a layer count."""
+    if plan.mesh is None or not plan.mesh.has(PIPELINE_AXIS) or not plan.stages:
+        return []
+    pp = plan.mesh.size(PIPELINE_AXIS)
+    stages = [s for s in plan.stages if 0 <= s.index < pp]
+    interleaved = plan.schedule == INTERLEAVED
+    found = _layer_problems(stages, lengths, interleaved)
+    if interleaved and not found:
+        found += _virtual_problems(plan, stages, lengths, pp)
     return found
 
 
@@ -400,21 +458,26 @@ def check_pipeline(plan: Plan, mesh: Mesh, n_layers: int | None) -> list[Diagnos
 INTERLEAVED = "interleaved-1f1b"
 
 
-def layer_chunks(stages: Sequence[PipelineStage], length: int) -> dict[int, list[range]]:
-    """Each stage's layers as maximal runs of consecutive layers, in layer order: its chunks
-    (one per stage for a plain pipeline, several for virtual stages)."""
-    owned: dict[int, set[int]] = {}
-    for sel in _selections(list(stages)):
-        owned.setdefault(sel.stage.index, set()).update(sel.layers(length))
-    chunks: dict[int, list[range]] = {}
+def layer_chunks(stages: Sequence[PipelineStage], lengths: Mapping[str, int]
+                 ) -> dict[int, list[tuple[str, range]]]:
+    """Each stage's elements of the module lists ``lengths`` as maximal runs of consecutive
+    elements of one list, in list order (the order of ``lengths``) then element order: its
+    chunks (one per stage for a plain pipeline, several for virtual stages)."""
+    paths = list(lengths)
+    owned: dict[int, set[tuple[int, int]]] = {}
+    for sel in _selections(list(stages), lengths):
+        position = paths.index(sel.list)
+        owned.setdefault(sel.stage.index, set()).update(
+            (position, layer) for layer in sel.layers(lengths[sel.list]))
+    chunks: dict[int, list[tuple[str, range]]] = {}
     for index, layers in owned.items():
         runs: list[list[int]] = []
-        for layer in sorted(layers):
-            if runs and layer == runs[-1][1]:
-                runs[-1][1] = layer + 1
+        for position, layer in sorted(layers):
+            if runs and (position, layer) == (runs[-1][0], runs[-1][2]):
+                runs[-1][2] = layer + 1
             else:
-                runs.append([layer, layer + 1])
-        chunks[index] = [range(a, b) for a, b in runs]
+                runs.append([position, layer, layer + 1])
+        chunks[index] = [(paths[position], range(a, b)) for position, a, b in runs]
     return chunks
 
 
@@ -430,13 +493,13 @@ def _no_virtual_stages(plan: Plan, why: str) -> Diagnostic:
              "or use 'schedule 1f1b'")
 
 
-def _virtual_problems(plan: Plan, stages: list[PipelineStage], n_layers: int | None,
-                      pp: int) -> list[Diagnostic]:
+def _virtual_problems(plan: Plan, stages: list[PipelineStage],
+                      lengths: Mapping[str, int | None], pp: int) -> list[Diagnostic]:
     """Megatron's conditions on interleaved 1F1B (docs/semantics.md §5.3)."""
-    length = n_layers if n_layers is not None else _assumed_length(_selections(stages))
-    if length is None or length > MAX_ASSUMED_LAYERS:
+    known = _known_lengths(stages, lengths)
+    if known is None:
         return []
-    chunks = layer_chunks(stages, length)
+    chunks = layer_chunks(stages, known)
     counts = {s.index: len(chunks.get(s.index, [])) for s in stages}
     if max(counts.values(), default=0) < 2:
         return [_no_virtual_stages(plan, "every pipeline stage holds one run of consecutive "
@@ -455,9 +518,10 @@ def _virtual_problems(plan: Plan, stages: list[PipelineStage], n_layers: int | N
                 help="give every pipeline-stage the same number of layer ranges"))
     if found:
         return found
-    ordered = sorted((run.start, index, c) for index, runs in chunks.items()
-                     for c, run in enumerate(runs))
-    for position, (start, index, c) in enumerate(ordered):
+    paths = list(known)
+    ordered = sorted((paths.index(path), run.start, index, c) for index, runs in chunks.items()
+                     for c, (path, run) in enumerate(runs))
+    for position, (_, start, index, c) in enumerate(ordered):
         if (index, c) != (position % pp, position // pp):
             want = position % pp
             found.append(messages.at(
@@ -548,13 +612,15 @@ def _describe_runs(runs: list[tuple[int, int]]) -> str:
     return ", ".join(parts) + (f" and {rest} more" if rest else "")
 
 
-def _member_overlaps(stages: list[PipelineStage]) -> list[Diagnostic]:
-    """Non-layer members (``embed``, ``norm``, ``layers.3.attention``) claimed twice."""
+def _member_overlaps(stages: list[PipelineStage], lists: Mapping[str, object]
+                     ) -> list[Diagnostic]:
+    """Members other than list selections (``embed``, ``norm``, ``layers.3.attention``)
+    claimed twice."""
     owners: list[tuple[TensorPattern, PipelineStage]] = []
     found = []
     for stage in stages:
         for member in stage.members:
-            if _layer_selection(member) is not None:
+            if _layer_selection(member, lists) is not None:
                 continue
             for other, owner in owners:
                 if owner.index != stage.index and _nested(member, other):
@@ -580,10 +646,11 @@ def _nested(a: TensorPattern, b: TensorPattern) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class _Selection:
-    """A stage's selection of the layer list: all layers, an index, or a slice."""
+    """A stage's selection of a module list: all its elements, an index, or a slice."""
 
     stage: PipelineStage
     member: TensorPattern
+    list: str
     kind: str  # "all" | "index" | "slice"
     index: int = 0
     slice: SliceSeg | None = None
@@ -597,31 +664,40 @@ class _Selection:
         return self.slice.indices(length)
 
 
-def _layer_selection(member: TensorPattern) -> tuple[str, int, SliceSeg | None] | None:
-    if member.head != vocab.LAYER_LIST or member.grad or len(member.segments) > 2:
+def _layer_selection(member: TensorPattern, lists: Mapping[str, object]
+                     ) -> tuple[str, str, int, SliceSeg | None] | None:
+    """``(list, kind, index, slice)`` when ``member`` selects whole elements of one of the
+    module lists ``lists`` (``blocks``, ``blocks.*``, ``blocks[3]``, ``blocks[0:8]``)."""
+    segs = member.segments
+    if member.grad or not segs:
         return None
-    if len(member.segments) == 1:
-        return ("all", 0, None)
-    seg = member.segments[1]
-    if isinstance(seg, GlobSeg) and seg.pattern == "*":
-        return ("all", 0, None)
-    if isinstance(seg, IndexSeg):
-        return ("index", seg.index, None)
-    if isinstance(seg, SliceSeg):
-        return ("slice", 0, seg)
+    for cut in (len(segs) - 1, len(segs)):
+        prefix = segs[:cut]
+        if not prefix or not all(isinstance(seg, NameSeg | IndexSeg) for seg in prefix) or \
+                _path_text(prefix) not in lists:
+            continue
+        path = _path_text(prefix)
+        seg = segs[cut] if cut < len(segs) else None
+        if seg is None or isinstance(seg, GlobSeg) and seg.pattern == "*":
+            return (path, "all", 0, None)
+        if isinstance(seg, IndexSeg):
+            return (path, "index", seg.index, None)
+        if isinstance(seg, SliceSeg):
+            return (path, "slice", 0, seg)
     return None
 
 
-def is_layer_selection(member: TensorPattern) -> bool:
-    """``layers``, ``layers.*``, ``layers[3]``, ``layers[0:8]``: a selection of whole layers."""
-    return _layer_selection(member) is not None
+def is_layer_selection(member: TensorPattern, lists: Mapping[str, object]) -> bool:
+    """``blocks``, ``blocks.*``, ``blocks[3]``, ``blocks[0:8]`` for a module list ``blocks``
+    of ``lists``: a selection of whole elements."""
+    return _layer_selection(member, lists) is not None
 
 
-def _selections(stages: list[PipelineStage]) -> list[_Selection]:
+def _selections(stages: list[PipelineStage], lists: Mapping[str, object]) -> list[_Selection]:
     result = []
     for stage in stages:
         for member in stage.members:
-            found = _layer_selection(member)
+            found = _layer_selection(member, lists)
             if found is not None:
                 result.append(_Selection(stage, member, *found))
     return result
@@ -642,11 +718,35 @@ def _assumed_length(selections: list[_Selection]) -> int | None:
     return max(bounds) if max(bounds) <= MAX_ASSUMED_LAYERS else None
 
 
-def _layer_problems(stages: list[PipelineStage], n_layers: int | None,
+def _known_lengths(stages: list[PipelineStage], lengths: Mapping[str, int | None]
+                   ) -> dict[str, int] | None:
+    """Every list's length, assumed from its selections where unknown; ``None`` when one
+    cannot be assumed or is too long to enumerate."""
+    selections = _selections(stages, lengths)
+    known: dict[str, int] = {}
+    for path, n in lengths.items():
+        length = n if n is not None else _assumed_length(
+            [s for s in selections if s.list == path])
+        if length is None or length > MAX_ASSUMED_LAYERS:
+            return None
+        known[path] = length
+    return known
+
+
+def _layer_problems(stages: list[PipelineStage], lengths: Mapping[str, int | None],
                     interleaved: bool) -> list[Diagnostic]:
-    selections = _selections(stages)
-    if not selections:
-        return []
+    selections = _selections(stages, lengths)
+    found = []
+    for path, n in lengths.items():
+        mine = [s for s in selections if s.list == path]
+        if mine:
+            found += _list_problems(stages, path, mine, n, interleaved)
+    return found
+
+
+def _list_problems(stages: list[PipelineStage], path: str, selections: list[_Selection],
+                   n_layers: int | None, interleaved: bool) -> list[Diagnostic]:
+    """Overlaps, order and coverage of the selections of one module list ``path``."""
     length = n_layers if n_layers is not None else _assumed_length(selections)
     # Layers are enumerated below; a count beyond the bound (a typo, an absurd n_layers) skips
     # the checks rather than hang (and lengths past sys.maxsize would not even have a len()).
@@ -661,25 +761,26 @@ def _layer_problems(stages: list[PipelineStage], n_layers: int | None,
             if earlier is not sel and earlier.stage.index != sel.stage.index:
                 found.append(_layer_overlap(layer, earlier, sel))
                 break
-    found += _parts_of_owned_layers(stages, owner)
+    found += _parts_of_owned_layers(stages, path, owner)
     if not interleaved and not found:
         found += _order(selections, length)
     if n_layers is not None:
-        found += _coverage(selections, set(owner), n_layers)
+        found += _coverage(stages, path, selections, set(owner), n_layers)
     return found
 
 
-def _parts_of_owned_layers(stages: list[PipelineStage],
+def _parts_of_owned_layers(stages: list[PipelineStage], path: str,
                            owner: dict[int, _Selection]) -> list[Diagnostic]:
-    """``layers.3.attention`` in one stage while another stage holds all of layer 3."""
+    """``blocks.3.attention`` in one stage while another stage holds all of block 3."""
     found = []
     for stage in stages:
         for member in stage.members:
             segs = member.segments
-            if member.head != vocab.LAYER_LIST or len(segs) < 3 or not isinstance(
-                    segs[1], IndexSeg):
+            n = _list_prefix(member)
+            if n is None or _path_text(segs[:n]) != path or len(segs) < n + 2 or \
+                    not isinstance(segs[n], IndexSeg):
                 continue
-            holder = owner.get(segs[1].index)
+            holder = owner.get(segs[n].index)
             if holder is not None and holder.stage.index != stage.index:
                 found.append(messages.conflict(
                     codes.STAGE_OVERLAP,
@@ -723,25 +824,31 @@ def _order(selections: list[_Selection], length: int) -> list[Diagnostic]:
     return found
 
 
-def _coverage(selections: list[_Selection], owned: set[int], n_layers: int) -> list[Diagnostic]:
-    found = []
-    missing = [i for i in range(n_layers) if i not in owned]
-    if missing:
-        last = max((s.stage for s in selections), key=lambda s: s.index)
-        found.append(messages.at(
-            codes.STAGE_COVERAGE,
-            f"pipeline stages leave {len(missing)} of {n_layers} layers unassigned",
-            last.origin, notes=[f"unassigned layers: {_ranges(missing)}"],
-            help="every layer must belong to exactly one pipeline stage"))
-    return found
+def _coverage(stages: list[PipelineStage], path: str, selections: list[_Selection],
+              owned: set[int], n_layers: int) -> list[Diagnostic]:
+    """TVP245: elements of the list ``path`` on no stage (an element inside a member that
+    is not a selection of this list, a list nested in a stage's module, is on its stage)."""
+    depth = path.count(".") + 2  # the segments of an element, ``blocks.3``
+    around = [m for stage in stages for m in stage.members
+              if len(m.segments) <= depth and _layer_selection(m, {path: None}) is None]
+    missing = [i for i in range(n_layers) if i not in owned
+               and not any(m.matches(f"{path}.{i}", prefix=True) for m in around)]
+    if not missing:
+        return []
+    last = max((s.stage for s in selections), key=lambda s: s.index)
+    return [messages.at(
+        codes.STAGE_COVERAGE,
+        f"pipeline stages leave {len(missing)} of {n_layers} layers unassigned",
+        last.origin, notes=[f"unassigned layers: {_ranges(missing, path)}"],
+        help="every layer must belong to exactly one pipeline stage")]
 
 
-def _ranges(indices: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``layers[0:3], layers[5]`` (indices sorted, non-empty)."""
+def _ranges(indices: list[int], path: str) -> str:
+    """``[0, 1, 2, 5]`` -> ``blocks[0:3], blocks[5]`` (indices sorted, non-empty)."""
     runs: list[list[int]] = [[indices[0], indices[0]]]
     for index in indices[1:]:
         if index == runs[-1][1] + 1:
             runs[-1][1] = index
         else:
             runs.append([index, index])
-    return ", ".join(f"layers[{a}]" if a == b else f"layers[{a}:{b + 1}]" for a, b in runs)
+    return ", ".join(f"{path}[{a}]" if a == b else f"{path}[{a}:{b + 1}]" for a, b in runs)

@@ -97,6 +97,3 @@ OPTIMIZER_DEFAULTS: dict[str, dict[str, object]] = {
 BLOCK_ORDERS = ("contiguous", "zigzag")
 
 INPUT_DIMS: dict[str, tuple[str, ...]] = {"tokens": ("batch", "seq"), "labels": ("batch", "seq")}
-
-#: The module list pipeline stages must cover in order.
-LAYER_LIST = "layers"

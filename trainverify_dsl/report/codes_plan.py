@@ -321,8 +321,10 @@ STAGE_ORDER = _code(
 )
 STAGE_COVERAGE = _code(
     "TVP245", "stage-coverage", "pipeline stages do not cover every layer",
-    "With a known layer count (stdlib configs), some layers are in no stage, or a stage "
-    "names layers beyond the last one.",
+    "Some layers (elements of a module list the stages select from, such as `layers[0:8]` "
+    "or `blocks[2:4]`, whatever the list is called) are in no stage. `tvp lint` knows a "
+    "list's length from a layer count (stdlib configs, `n_layers` on the spec line); `tvp "
+    "lint --spec`, `tvp simulate` and `tvp check` read it from the model.",
     "Unassigned layers never run; the plan computes a different model.",
     'plan demo\nspec "stdlib/models/llama.py:Llama" config llama3_8b batch 8 seq 16\n'
     "mesh pp=2, dp=2\npipeline-stage 0: embed, layers[0:8]\npipeline-stage 1: layers[8:16]\n",
@@ -505,8 +507,9 @@ DUPLICATE_OPTION = _code(
 )
 LAYER_OUT_OF_RANGE = _code(
     "TVP268", "layer-out-of-range", "a statement names layers the model does not have",
-    "With a known layer count (a stdlib config, or `n_layers` on the spec line), a target such "
-    "as `layers.40.attention.wq.weight`, or a slice `layers[24:40]`, reaches past the last "
+    "With a known layer count (a stdlib config, or `n_layers` on the spec line) and one "
+    "module list the plan indexes (whatever its name), a target such as "
+    "`layers.40.attention.wq.weight`, or a slice `layers[24:40]`, reaches past the last "
     "layer.",
     "The statement silently applies to fewer layers than written (or to none): usually the "
     "plan was written for another model size.",

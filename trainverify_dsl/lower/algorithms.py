@@ -285,16 +285,99 @@ def _not_applicable(site: Site, why: str) -> LoweringError:
                                  f"`{site.module}`: {why}", site.origin, site.module))
 
 
+# -- what a module really does (its traced ops), against what an algorithm implements --------
+
+
+def _module_ops(graph: torch.fx.Graph, module: str) -> list[torch.fx.Node]:
+    """The ops ``module`` (and its children) computes in the captured forward, marks left out."""
+    return [n for n in graph.nodes if n.op == "call_function" and module in module_stack(n)
+            and packet_name(n.target) != MARK]
+
+
+def _arg(node: torch.fx.Node, index: int, name: str, default: Any) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _params_read(cx: Context, module: str, ops: list[torch.fx.Node]) -> list[str]:
+    """The parameters of ``module`` (its own and its children's) that ``ops`` read."""
+    read = {a for n in ops for a in n.all_input_nodes}
+    names = (f"{module}.{local}" for local, _ in cx.submodule(module).named_parameters())
+    return [name for name in names if cx.param(name) in read]
+
+
+def _unused_params(cx: Context, site: Site, ops: list[torch.fx.Node], used: list[str],
+                   what: str) -> None:
+    """TVP408 when the module reads a parameter the algorithm does not (a bias the algorithm
+    would drop): ``what`` says what the algorithm computes instead."""
+    extra = [p for p in _params_read(cx, site.module, ops) if p not in used]
+    if not extra:
+        return
+    inside = set(ops)
+    listed = []
+    for name in extra:
+        readers = sorted({packet_name(u.target) for u in cx.param(name).users  # type: ignore
+                          if u in inside})
+        listed.append(f"`{name}` (read by {', '.join(readers)})")
+    biases = all(any(packet_name(u.target) == "aten.addmm" and u.args[0] is cx.param(name)
+                     for u in cx.param(name).users) for name in extra)  # type: ignore
+    raise _not_applicable(site, f"it {'has biases' if biases else 'reads parameters'} the "
+                                f"algorithm does not use: {', '.join(listed)}; the algorithm "
+                                f"computes {what}, so "
+                                f"{'this parameter' if len(extra) == 1 else 'they'} would be "
+                                "dropped")
+
+
+def _ops_text(names: Any) -> str:
+    return ", ".join(sorted(set(names)))
+
+
 # -- the definitions -----------------------------------------------------------------------
 
 
-def _lower_vocab_embedding(cx: Context, site: Site) -> tuple[torch.fx.Node, TLayout]:
+#: ``aten.embedding``'s arguments after the table and the ids, their defaults, and what the
+#: module does when one is set that the vocab-parallel lookup does not
+_EMBEDDING_OPTIONS = (
+    (2, "padding_idx", -1, "a padding row (`padding_idx={}`): nn.Embedding gives that row no "
+                           "gradient, the algorithm's lookup does"),
+    (3, "scale_grad_by_freq", False, "`scale_grad_by_freq=True`: nn.Embedding divides each "
+                                     "row's gradient by its id's count in the batch, the "
+                                     "algorithm does not"),
+    (4, "sparse", False, "`sparse=True`: a sparse gradient, which the algorithm's lookup does "
+                         "not produce"),
+)
+
+
+def _embedding_lookup(cx: Context, site: Site) -> torch.fx.Node:
+    """The module's one embedding lookup, when the module computes nothing else: the table a
+    parameter read as it is (no `max_norm` renormalisation), no padding row, no gradient
+    scaling, the lookup's result the module's output."""
     out_mark = _mark(cx, f"{site.module}.out")
-    inside = [n for n in out_mark.graph.nodes if n.op == "call_function"
-              and site.module in module_stack(n) and packet_name(n.target) != MARK]
+    inside = _module_ops(out_mark.graph, site.module)
     lookup = next((n for n in inside if packet_name(n.target) == "aten.embedding"), None)
     if lookup is None:
         raise _not_applicable(site, "it performs no embedding lookup")
+    table = lookup.args[0]
+    if not isinstance(table, torch.fx.Node) or table.op != "placeholder":
+        before = [packet_name(n.target) for n in inside if n is not lookup]
+        raise _not_applicable(site, f"it transforms its table before the lookup "
+                                    f"({_ops_text(before)}; nn.Embedding's `max_norm` "
+                                    "renormalises the rows it reads): the algorithm looks "
+                                    "up the parameter as it is")
+    for index, name, default, why in _EMBEDDING_OPTIONS:
+        value = _arg(lookup, index, name, default)
+        if value != default and not (name == "padding_idx" and value is None):
+            raise _not_applicable(site, f"it has {why.format(value)}")
+    others = [packet_name(n.target) for n in inside if n is not lookup]
+    if others or out_mark.args[0] is not lookup:
+        raise _not_applicable(site, f"it computes more than the lookup ({_ops_text(others)}): "
+                                    "the algorithm's output is the looked-up rows alone")
+    return lookup
+
+
+def _lower_vocab_embedding(cx: Context, site: Site) -> tuple[torch.fx.Node, TLayout]:
+    lookup = _embedding_lookup(cx, site)
     table, ids = lookup.args[0], lookup.args[1]
     k, _ = cx.group(site.axes)
     lay_table = cx.layout(table)
@@ -344,6 +427,8 @@ def _lower_context_parallel(cx: Context, site: Site) -> tuple[torch.fx.Node, TLa
             not all(hasattr(helpers, h) for h in needed):
         raise _not_applicable(site, "it is not a Llama attention (wq, wk, wv, wo, scale, and "
                                     "the RoPE and head helpers of stdlib/models/common.py)")
+    _unused_params(cx, site, _module_ops(x.graph, module), names,
+                   "the projections x Wᵀ of wq, wk, wv and wo alone")
     x_lay = cx.layout(x)
     if x_lay.rank != 3 or x_lay.dim_axes(1) != site.axes:
         raise _not_applicable(site, f"its input must be split over {', '.join(site.axes)} "

@@ -1,0 +1,212 @@
+"""An `algorithm` statement applies only to a module that computes what the algorithm computes
+(docs/semantics.md §7): anything else the module does — a padding row, biases, another
+activation, a summed loss, another ignore index — is read from its traced ops and either
+honoured or refused with TVP408 at the `algorithm` line, never silently replaced.
+
+Each test is one outside report: the model as the user wrote it is refused (or, where the
+algorithm now honours the feature, agrees), and its twin without the feature agrees.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainverify_dsl import api
+from trainverify_dsl.api import SimulationSetupError
+
+# -- shared helpers --------------------------------------------------------------------------
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def setup_errors(path: Path) -> list[tuple[str, int, str]]:
+    """The diagnostics `tvp simulate` refuses the plan with (code, line, message)."""
+    with pytest.raises(SimulationSetupError) as error:
+        api.simulate_file(path)
+    return [(d.code.id, d.span.line, d.message) for d in error.value.diagnostics]
+
+
+def line_of(path: Path, start: str) -> int:
+    lines = path.read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if line.strip().startswith(start))
+
+
+def refused(path: Path) -> str:
+    """The one TVP408 of the plan, at its `algorithm` line: its message. Both `tvp lint
+    --spec` and `tvp simulate` refuse the plan (so `tvp check` never verifies it)."""
+    line = line_of(path, "algorithm")
+    found = [(d.code.id, d.span.line) for d in api.layout_diagnostics(path)]
+    assert found == [("TVP408", line)], found
+    [(code, at, message)] = setup_errors(path)
+    assert (code, at) == ("TVP408", line)
+    return message
+
+
+# -- 1. vocab-parallel-embedding: nn.Embedding's options ------------------------------------
+
+EMBEDDING_MODEL = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class PadLM(nn.Module):
+    def __init__(self, vocab=16, d=8, f=8, option=0):
+        super().__init__()
+        kw = [{}, {"padding_idx": 3}, {"max_norm": 1.0}, {"scale_grad_by_freq": True},
+              {"sparse": True}][option]
+        self.emb = nn.Embedding(vocab, d, **kw)
+        self.up = nn.Linear(d, f, bias=False)
+        self.gate = nn.Linear(d, f, bias=False)
+        self.down = nn.Linear(f, d, bias=False)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def input_specs(self, batch, seq):
+        return {"ids": ((batch, seq), torch.int64), "lbl": ((batch, seq), torch.int64)}
+
+    def forward(self, ids, lbl):
+        h = self.emb(ids)
+        h = h + self.down(F.silu(self.gate(h)) * self.up(h))
+        lp = torch.log_softmax(self.head(h), dim=-1)
+        return -lp.gather(-1, lbl.unsqueeze(-1)).squeeze(-1).mean()
+'''
+
+EMBEDDING_PLAN = '''plan vp_pad
+spec "padlm.py:PadLM" option {option} batch 2 seq 4
+spec-optimizer sgd lr=0.1
+mesh mp=2
+
+split emb.weight [mp, -]
+algorithm vocab-parallel-embedding for emb over mp
+all-reduce emb.out over mp
+
+optimizer sgd lr=0.1
+'''
+
+
+@pytest.mark.parametrize("option, said", [
+    (1, "padding row (`padding_idx=3`)"),
+    (2, "nn.Embedding's `max_norm`"),
+    (3, "`scale_grad_by_freq=True`"),
+    (4, "`sparse=True`"),
+])
+def test_vocab_parallel_embedding_refuses_what_nn_embedding_adds(
+        tmp_path: Path, option: int, said: str) -> None:
+    """Report 1: the padding row got a gradient on every seed that draws its id (the plan was
+    verified at seed 0, which does not)."""
+    write(tmp_path, "padlm.py", EMBEDDING_MODEL)
+    plan = write(tmp_path, "vp.tvp", EMBEDDING_PLAN.format(option=option))
+    assert said in refused(plan)
+
+
+def test_vocab_parallel_embedding_without_options_agrees(tmp_path: Path) -> None:
+    write(tmp_path, "padlm.py", EMBEDDING_MODEL)
+    plan = write(tmp_path, "vp.tvp", EMBEDDING_PLAN.format(option=0))
+    for seed in (0, 2):
+        assert api.simulate_file(plan, seed=seed).agrees
+
+
+# -- 2. context-parallel-attention: projections with biases ---------------------------------
+
+ATTENTION_MODEL = '''
+import math
+import torch
+from torch import nn
+
+
+def apply_rope(x, cos, sin):
+    h = x.shape[-1] // 2
+    return torch.cat((x[..., :h] * cos - x[..., h:] * sin,
+                      x[..., :h] * sin + x[..., h:] * cos), -1)
+
+
+def split_heads(x, n):
+    b, s, w = x.shape
+    return x.view(b, s, n, w // n).transpose(1, 2)
+
+
+def merge_heads(x):
+    b, h, s, d = x.shape
+    return x.transpose(1, 2).reshape(b, s, h * d)
+
+
+def repeat_kv(x, n):
+    return x
+
+
+class Attention(nn.Module):
+    def __init__(self, d, heads, bias):
+        super().__init__()
+        self.heads = heads
+        self.scale = 1.0 / math.sqrt(d // heads)
+        self.wq = nn.Linear(d, d, bias=bias)
+        self.wk = nn.Linear(d, d, bias=bias)
+        self.wv = nn.Linear(d, d, bias=bias)
+        self.wo = nn.Linear(d, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        q = apply_rope(split_heads(self.wq(x), self.heads), cos, sin)
+        k = apply_rope(split_heads(self.wk(x), self.heads), cos, sin)
+        v = split_heads(self.wv(x), self.heads)
+        s = x.shape[1]
+        mask = torch.ones(s, s, dtype=torch.bool).tril()
+        sc = (torch.matmul(q, k.transpose(-2, -1)) * self.scale).masked_fill(~mask,
+                                                                             float("-inf"))
+        return self.wo(merge_heads(torch.matmul(torch.softmax(sc, dim=-1), v)))
+
+
+class Net(nn.Module):
+    def __init__(self, vocab=16, d=8, heads=2, maxs=64, bias=1):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.attention = Attention(d, heads, bool(bias))
+        self.out = nn.Linear(d, vocab, bias=False)
+        hd = d // heads
+        freqs = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+        ang = torch.outer(torch.arange(maxs, dtype=torch.float64), freqs)
+        self.register_buffer("rc", ang.cos().to(torch.get_default_dtype()), persistent=False)
+        self.register_buffer("rs", ang.sin().to(torch.get_default_dtype()), persistent=False)
+
+    def input_specs(self, batch, seq):
+        return {"inp": ((batch, seq), torch.int64), "tgt": ((batch, seq), torch.int64)}
+
+    def forward(self, inp, tgt):
+        s = inp.shape[1]
+        h = self.tok(inp)
+        h = h + self.attention(h, self.rc[:s], self.rs[:s])
+        lp = torch.log_softmax(self.out(h), dim=-1)
+        return -lp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1).mean()
+'''
+
+ATTENTION_PLAN = '''plan bias_cp
+spec "attn.py:Net" bias {bias} batch 2 seq 8
+spec-optimizer sgd lr=0.1
+mesh dp=2, cp=2
+
+split inp [dp, cp]
+split tgt [dp, cp]
+
+algorithm context-parallel-attention for attention over cp
+
+all-reduce grad(params) over dp, cp op=avg
+optimizer sgd lr=0.1
+'''
+
+
+def test_context_parallel_attention_refuses_biases(tmp_path: Path) -> None:
+    """Report 2: the biases were dropped (their gradients on no rank, every value off)."""
+    write(tmp_path, "attn.py", ATTENTION_MODEL)
+    message = refused(write(tmp_path, "cp.tvp", ATTENTION_PLAN.format(bias=1)))
+    assert "has biases" in message
+    assert all(f"`attention.w{p}.bias`" in message for p in "qkv")
+
+
+def test_context_parallel_attention_without_biases_agrees(tmp_path: Path) -> None:
+    write(tmp_path, "attn.py", ATTENTION_MODEL)
+    assert api.simulate_file(write(tmp_path, "cp.tvp", ATTENTION_PLAN.format(bias=0))).agrees

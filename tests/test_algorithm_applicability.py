@@ -210,3 +210,106 @@ def test_context_parallel_attention_refuses_biases(tmp_path: Path) -> None:
 def test_context_parallel_attention_without_biases_agrees(tmp_path: Path) -> None:
     write(tmp_path, "attn.py", ATTENTION_MODEL)
     assert api.simulate_file(write(tmp_path, "cp.tvp", ATTENTION_PLAN.format(bias=0))).agrees
+
+
+# -- 3. expert-parallel: the experts' activation and roles ----------------------------------
+
+MOE_MODEL = '''
+import math
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class Experts(nn.Module):
+    def __init__(self, E, d, f, act):
+        super().__init__()
+        self.act = act
+        self.w1 = nn.Parameter(torch.randn(E, f, d) / math.sqrt(d))
+        self.w2 = nn.Parameter(torch.randn(E, d, f) / math.sqrt(f))
+        self.w3 = nn.Parameter(torch.randn(E, f, d) / math.sqrt(d))
+
+    def forward(self, x, weights):
+        t, d = x.shape
+        pe = x.unsqueeze(0).expand(self.w1.shape[0], t, d)
+        g = torch.bmm(pe, self.w1.transpose(1, 2))
+        u = torch.bmm(pe, self.w3.transpose(1, 2))
+        if self.act == 0:
+            a = F.silu(g) * u
+        elif self.act == 1:
+            a = F.gelu(g) * u
+        else:  # w3 is the gate: the same ops, the weights in other roles
+            a = F.silu(u) * g
+        out = torch.bmm(a, self.w2.transpose(1, 2))
+        return (out * weights.t().unsqueeze(-1)).sum(dim=0)
+
+
+class MoE(nn.Module):
+    def __init__(self, d, E, k, f, act):
+        super().__init__()
+        self.k = k
+        self.router = nn.Linear(d, E, bias=False)
+        self.experts = Experts(E, d, f, act)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        flat = x.reshape(b * s, d)
+        probs = torch.softmax(self.router(flat), dim=-1)
+        idx = torch.topk(probs.detach(), self.k, dim=-1).indices
+        w = probs * torch.zeros_like(probs).scatter(-1, idx, 1.0)
+        w = w / w.sum(-1, keepdim=True)
+        return self.experts(flat, w).view(b, s, d)
+
+
+class MoELM(nn.Module):
+    def __init__(self, vocab=16, d=8, E=4, k=2, f=4, act=0):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.moe = MoE(d, E, k, f, act)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def input_specs(self, batch, seq):
+        return {"ids": ((batch, seq), torch.int64), "lbl": ((batch, seq), torch.int64)}
+
+    def forward(self, ids, lbl):
+        h = self.emb(ids)
+        h = h + self.moe(h)
+        lp = torch.log_softmax(self.head(h), dim=-1)
+        return -lp.gather(-1, lbl.unsqueeze(-1)).squeeze(-1).mean()
+'''
+
+MOE_PLAN = '''plan ep
+spec "moe.py:MoELM" act {act} batch 4 seq 2
+spec-optimizer sgd lr=0.1
+mesh dp=2, experts=2
+loss-scale 1/(dp*experts)
+
+split ids [(dp, experts), -]
+split lbl [(dp, experts), -]
+split moe.experts.w1 [experts, -, -]
+split moe.experts.w2 [experts, -, -]
+split moe.experts.w3 [experts, -, -]
+algorithm expert-parallel for moe.experts over experts
+
+all-reduce grad(emb.weight) over dp, experts
+all-reduce grad(moe.router.weight) over dp, experts
+all-reduce grad(head.weight) over dp, experts
+all-reduce grad(moe.experts.w?) over dp
+optimizer sgd lr=0.1
+'''
+
+
+@pytest.mark.parametrize("act, said", [
+    (1, "the module computes aten.gelu where the algorithm computes aten.mul, aten.sigmoid"),
+    (2, "combines the same ops differently"),
+])
+def test_expert_parallel_refuses_other_experts(tmp_path: Path, act: int, said: str) -> None:
+    """Report 3: GELU experts were run as SiLU ones. The weights' names bind them, but their
+    roles are read from the traced ops: a model gating with `w3` is refused too."""
+    write(tmp_path, "moe.py", MOE_MODEL)
+    assert said in refused(write(tmp_path, "ep.tvp", MOE_PLAN.format(act=act)))
+
+
+def test_expert_parallel_on_swiglu_experts_agrees(tmp_path: Path) -> None:
+    write(tmp_path, "moe.py", MOE_MODEL)
+    assert api.simulate_file(write(tmp_path, "ep.tvp", MOE_PLAN.format(act=0))).agrees

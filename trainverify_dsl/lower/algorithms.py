@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -107,11 +108,26 @@ def expert_parallel(x: torch.Tensor, weights: torch.Tensor, w1: torch.Tensor,
     tokens, hidden = x.shape
     per_expert = x.unsqueeze(0).expand(experts, tokens, hidden)
     dispatched = _coll(per_expert, "all_to_all", axes, n, dim=0, dim2=1, backward="all_to_all")
-    gate = torch.bmm(dispatched, w1.transpose(1, 2))
-    up = torch.bmm(dispatched, w3.transpose(1, 2))
-    out = torch.bmm(F.silu(gate) * up, w2.transpose(1, 2))
+    out = swiglu_experts(dispatched, w1, w2, w3)
     combined = _coll(out, "all_to_all", axes, n, dim=1, dim2=0, backward="all_to_all")
     return (combined * weights.t().unsqueeze(-1)).sum(dim=0)
+
+
+def swiglu_experts(tokens: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                   w3: torch.Tensor) -> torch.Tensor:
+    """The experts the algorithm runs: ``silu(t w1ᵀ) * (t w3ᵀ)``, then ``w2``, per expert."""
+    gate = torch.bmm(tokens, w1.transpose(1, 2))
+    up = torch.bmm(tokens, w3.transpose(1, 2))
+    return torch.bmm(F.silu(gate) * up, w2.transpose(1, 2))
+
+
+def experts_reference(x: torch.Tensor, weights: torch.Tensor, w1: torch.Tensor,
+                      w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
+    """``expert_parallel`` on one rank (no exchange): the function of the module's inputs and
+    weights the algorithm computes, which the module's own ops must be."""
+    tokens, hidden = x.shape
+    per_expert = x.unsqueeze(0).expand(w1.shape[0], tokens, hidden)
+    return (swiglu_experts(per_expert, w1, w2, w3) * weights.t().unsqueeze(-1)).sum(dim=0)
 
 
 def sequence_positions(k: Any, n: int, seq: int, zigzag: bool) -> torch.Tensor:
@@ -333,6 +349,96 @@ def _ops_text(names: Any) -> str:
     return ", ".join(sorted(set(names)))
 
 
+#: Ops that only re-view their first operand: the structural comparison looks through them
+#: (a model may reshape where the algorithm's code does not; the shapes are checked by torch
+#: when the algorithm is traced on the local values).
+_VIEWS = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape", "aten.alias",
+                    "aten.clone", "aten.contiguous", "aten.expand", "aten.unsqueeze",
+                    "aten.squeeze", "aten.detach"})
+
+
+class _Structure:
+    """Value numbers of computations: two nodes get one number when they apply the same op, with
+    the same constant arguments, to operands of equal numbers; inputs are numbered by their role
+    (``x``, ``w1``, ...). So the module's traced ops and the algorithm's reference function
+    compute the same function of their inputs when their outputs' numbers are equal."""
+
+    def __init__(self) -> None:
+        self._table: dict[Any, int] = {}
+
+    def number(self, node: torch.fx.Node, roles: dict[torch.fx.Node, str],
+               memo: dict[torch.fx.Node, int]) -> int:
+        todo = [(node, False)]
+        while todo:  # operands first, without recursion (graphs can be deep)
+            n, ready = todo.pop()
+            if n in memo:
+                continue
+            operands = [] if n in roles else n.all_input_nodes
+            if ready or not operands:
+                memo[n] = self._key(n, roles, memo)
+                continue
+            todo.append((n, True))
+            todo.extend((a, False) for a in operands if a not in memo)
+        return memo[node]
+
+    def _key(self, n: torch.fx.Node, roles: dict[torch.fx.Node, str],
+             memo: dict[torch.fx.Node, int]) -> int:
+        if n in roles:
+            key: Any = ("input", roles[n])
+        elif n.op != "call_function":
+            key = ("input", n.op, n.name)
+        elif packet_name(n.target) in _VIEWS:
+            return memo[n.args[0]]  # type: ignore[index]
+        else:
+            def plain(a: Any) -> Any:
+                if isinstance(a, torch.fx.Node):
+                    return ("value", memo[a])
+                if isinstance(a, (list, tuple)):
+                    return tuple(plain(b) for b in a)
+                return a if isinstance(a, (int, float, bool, str, type(None))) else repr(a)
+            key = (packet_name(n.target), plain(n.args),
+                   tuple(sorted((k, plain(v)) for k, v in n.kwargs.items())))
+        return self._table.setdefault(key, len(self._table))
+
+
+def _significant_ops(nodes: Any) -> list[str]:
+    return [packet_name(n.target) for n in nodes if n.op == "call_function"
+            and packet_name(n.target) not in _VIEWS and packet_name(n.target) != MARK]
+
+
+def _computes_reference(cx: Context, site: Site, output: torch.fx.Node,
+                        inputs: list[tuple[str, torch.fx.Node]], reference: Callable[..., Any],
+                        what: str) -> None:
+    """TVP408 unless the module's ops from ``inputs`` (role, node) to ``output`` are, op for
+    op, the algorithm's ``reference`` function of those inputs (traced on their global
+    values): an activation, a bias or a factor the algorithm does not compute is named."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from trainverify_dsl.spec.trace import decompositions
+
+    with cx.fake_mode:
+        traced = make_fx(reference, decomposition_table=decompositions())(
+            *[node.meta["val"] for _, node in inputs])
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    result = next(n for n in traced.graph.nodes if n.op == "output").args[0]
+    structure = _Structure()
+    mine = structure.number(output, {node: role for role, node in inputs}, {})
+    theirs = structure.number(result, {p: role for p, (role, _) in
+                                       zip(placeholders, inputs, strict=True)}, {})
+    if mine == theirs:
+        return
+    module_ops = Counter(_significant_ops(_module_ops(output.graph, site.module)))
+    reference_ops = Counter(_significant_ops(traced.graph.nodes))
+    only_module, only_reference = module_ops - reference_ops, reference_ops - module_ops
+    if only_module or only_reference:
+        detail = (f"the module computes {_ops_text(only_module) or 'no other op'} where the "
+                  f"algorithm computes {_ops_text(only_reference) or 'no other op'}")
+    else:
+        detail = "the module combines the same ops differently (its weights in other roles)"
+    raise _not_applicable(site, f"it does not compute what the algorithm computes, {what}: "
+                                f"{detail}")
+
+
 # -- the definitions -----------------------------------------------------------------------
 
 
@@ -404,6 +510,13 @@ def _lower_expert_parallel(cx: Context, site: Site) -> tuple[torch.fx.Node, TLay
         if cx.layout(p).dim_axes(0) != site.axes:  # type: ignore[arg-type]
             raise _not_applicable(site, f"`{name}` is not split over "
                                         f"{', '.join(site.axes)} along the experts")
+    ops = _module_ops(x.graph, module)
+    _unused_params(cx, site, ops, names, "SwiGLU experts from w1, w2, w3 alone")
+    roles = [("x", x), ("weights", weights)] + \
+        [(name.rsplit(".", 1)[1], p) for name, p in zip(names, params, strict=True)]
+    _computes_reference(cx, site, _mark(cx, f"{module}.out").args[0], roles,  # type: ignore
+                        experts_reference, "SwiGLU experts (silu(x w1ᵀ) * x w3ᵀ, then w2) "
+                        "combined with the routing weights")
     axes = site.axes
 
     def run(x: torch.Tensor, w: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,

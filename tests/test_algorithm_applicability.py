@@ -313,3 +313,97 @@ def test_expert_parallel_refuses_other_experts(tmp_path: Path, act: int, said: s
 def test_expert_parallel_on_swiglu_experts_agrees(tmp_path: Path) -> None:
     write(tmp_path, "moe.py", MOE_MODEL)
     assert api.simulate_file(write(tmp_path, "ep.tvp", MOE_PLAN.format(act=0))).agrees
+
+
+# -- 4 and 5. vocab-parallel-cross-entropy: the loss's reduction and ignore index ------------
+
+LM_MODEL = '''
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class LM(nn.Module):
+    def __init__(self, vocab=16, d=8, lossk=1):
+        super().__init__()
+        self.lossk, self.vocab = lossk, vocab
+        self.emb = nn.Embedding(vocab, d)
+        self.mix = nn.Linear(d, d, bias=False)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def input_specs(self, batch, seq):
+        return {"ids": ((batch, seq), torch.int64), "lbl": ((batch, seq), torch.int64)}
+
+    def forward(self, ids, lbl):
+        logits = self.head(torch.tanh(self.mix(self.emb(ids))))
+        if self.lossk == 0:  # torch's implicit ignore_index=-100
+            return F.cross_entropy(logits.reshape(-1, self.vocab), lbl.reshape(-1))
+        if self.lossk == 3:  # an ignore index inside the vocabulary
+            return F.cross_entropy(logits.reshape(-1, self.vocab), lbl.reshape(-1),
+                                   ignore_index=5)
+        nll = -torch.log_softmax(logits, dim=-1).gather(-1, lbl.unsqueeze(-1)).squeeze(-1)
+        if self.lossk == 1:
+            return nll.mean()
+        if self.lossk == 2:
+            return nll.sum()
+        if self.lossk == 4:
+            return 2.0 * nll.mean()
+        counted = lbl >= 0  # a token count the algorithm cannot read as an ignore index
+        return torch.where(counted, nll, torch.zeros_like(nll)).sum() / counted.sum()
+'''
+
+LM_PLAN = '''plan vp_ce
+spec "lm.py:LM" lossk {lossk} batch 4 seq 4
+spec-optimizer sgd lr=0.1
+mesh rep=2, mp=2
+{reduction}
+split ids [rep, -]
+split lbl [rep, -]
+split head.weight [mp, -]
+copy head.in over mp
+algorithm vocab-parallel-cross-entropy for head, loss over mp
+
+all-reduce grad(params) over rep op={op}
+optimizer sgd lr=0.1
+'''
+
+
+def lm_plan(tmp_path: Path, lossk: int, reduction: str = "", op: str = "avg") -> Path:
+    write(tmp_path, "lm.py", LM_MODEL)
+    return write(tmp_path, f"ce{lossk}.tvp",
+                 LM_PLAN.format(lossk=lossk, reduction=reduction, op=op))
+
+
+def test_vocab_parallel_cross_entropy_keeps_a_summed_loss_a_sum(tmp_path: Path) -> None:
+    """Report 4: a summed loss was replaced by a mean. Now the algorithm sums as the spec
+    does, so a summed loss under the default local-mean is TVP414 at the spec line, as it is
+    without the algorithm, and with `loss-reduction sum` the plan agrees."""
+    plan = lm_plan(tmp_path, 2)
+    assert [(code, line) for code, line, _ in setup_errors(plan)] == [("TVP414", 2)]
+    assert [(d.code.id, d.span.line) for d in api.layout_diagnostics(plan)] == [("TVP414", 2)]
+    summed = lm_plan(tmp_path, 2, "loss-reduction sum scale=1", "sum")
+    assert api.simulate_file(summed).agrees
+
+
+def test_vocab_parallel_cross_entropy_refuses_a_scaled_loss(tmp_path: Path) -> None:
+    assert "is 2 times the cross-entropy" in refused(lm_plan(tmp_path, 4))
+
+
+def test_vocab_parallel_cross_entropy_of_a_mean_agrees(tmp_path: Path) -> None:
+    assert api.simulate_file(lm_plan(tmp_path, 1)).agrees
+
+
+@pytest.mark.parametrize("lossk", [0, 3])
+def test_vocab_parallel_cross_entropy_reads_the_ignore_index_of_the_traced_loss(
+        tmp_path: Path, lossk: int) -> None:
+    """Report 5: F.cross_entropy's implicit ignore_index=-100 (and an explicit one) is read
+    from the traced loss, not from a `config.ignore_index` a user model does not have: under
+    token-mean the masked positions drawn by the simulation count as the spec counts them."""
+    plan = lm_plan(tmp_path, lossk, "loss-reduction token-mean", "sum")
+    for seed in (0, 2):
+        assert api.simulate_file(plan, seed=seed).agrees
+
+
+def test_vocab_parallel_cross_entropy_refuses_a_count_it_cannot_read(tmp_path: Path) -> None:
+    message = refused(lm_plan(tmp_path, 5, "loss-reduction token-mean", "sum"))
+    assert "divides by a count" in message

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from trainverify_dsl.ir.layout import TLayout
+from trainverify_dsl.lower import loss as loss_norm
 from trainverify_dsl.lower.capture import MARK, module_stack
 from trainverify_dsl.lower.findings import Finding, LoweringError
 from trainverify_dsl.report import codes_lower
@@ -207,7 +208,8 @@ class Context(Protocol):
     def report(self, finding: Finding) -> None: ...
     def loss_mode(self) -> str: ...
     def normalise_loss(self, numerator: torch.fx.Node, count: torch.fx.Node | int,
-                       axes: tuple[str, ...], cause: Any) -> tuple[torch.fx.Node, TLayout]: ...
+                       axes: tuple[str, ...], cause: Any,
+                       summed: bool = False) -> tuple[torch.fx.Node, TLayout]: ...
     def partial_cotangent(self, value: torch.fx.Node, axes: tuple[str, ...],
                           cause: Any) -> None:
         """The cotangent the algorithm's backward gives its input ``value`` is partial over
@@ -628,11 +630,12 @@ def _lower_vocab_cross_entropy(cx: Context, site: Site) -> tuple[torch.fx.Node, 
     # models pass it to the loss); the algorithm must compute that same loss
     config = getattr(cx.submodule(""), "config", None)
     smoothing = float(getattr(config, "label_smoothing", 0.0) or 0.0)
-    # positions whose label is the config's `ignore_index` do not count (as in `lm_loss`)
-    ignore = getattr(config, "ignore_index", None)
+    # how the spec's loss reduces its per-position losses, and which label it ignores, as
+    # its traced ops say (torch's cross_entropy ignores -100 whether the model says so or not)
+    summed, ignore = _cross_entropy_reduction(cx, site, labels, logits_mark, smoothing)
     partition = dict(site.options).get("smoothing") == "partition"
     # the plain mean unless the plan's loss reduction or a mask needs the sum and the count
-    plain = ignore is None and cx.loss_mode() == "local-mean"
+    plain = ignore is None and not summed and cx.loss_mode() == "local-mean"
 
     def run(z: torch.Tensor, y: torch.Tensor, k: torch.Tensor) -> Any:
         return vocab_parallel_cross_entropy(z, y, k, axes, n, smoothing, partition, ignore,
@@ -652,9 +655,139 @@ def _lower_vocab_cross_entropy(cx: Context, site: Site) -> tuple[torch.fx.Node, 
         total, count = out
         if count is None:
             count = math.prod(cx.local(labels).meta["val"].shape)
-        return cx.normalise_loss(total, count, mean_axes, site.origin)
+        return cx.normalise_loss(total, count, mean_axes, site.origin, summed)
     lay = TLayout(()).with_partial(("avg", mean_axes), site.origin) if mean_axes else TLayout(())
     return out, lay
+
+
+def _cross_entropy_reduction(cx: Context, site: Site, labels: torch.fx.Node,
+                             logits: torch.fx.Node, smoothing: float
+                             ) -> tuple[bool, int | None]:
+    """Whether the spec's loss (the traced loss region) is the sum of its per-position
+    cross-entropies rather than their mean, and the label it ignores (``None``: none); TVP408
+    for a loss the algorithm does not compute: not a mean, a sum or a token mean of
+    ``-log_softmax(logits)[label]`` (a factor, another term), or a count it cannot read."""
+    region = cx.loss_region
+    output = next(n for n in logits.graph.nodes if n.op == "output").args[0]
+    loss = next((r for r in (output if isinstance(output, (tuple, list)) else (output,))
+                 if r in region), None)
+    root = loss_norm.find_root(loss) if loss is not None else None
+    if root is None:
+        raise _not_applicable(site, "the spec's loss does not end in a mean, a sum, or a sum "
+                                    "divided by a token count: the algorithm computes one of "
+                                    "those of the per-position cross-entropies")
+    ignored = _compared_labels(region, labels)
+    if len(ignored) > 1:
+        raise _not_applicable(site, f"the loss compares the labels with several values "
+                                    f"({', '.join(map(str, sorted(ignored)))}); the algorithm "
+                                    "ignores at most one label")
+    ignore = next(iter(ignored), None)
+    if root.count is not None and ignore is None:
+        raise _not_applicable(site, "the loss divides by a count that is not the number of "
+                                    "labels other than an ignore index (no comparison of the "
+                                    "labels with a constant in the traced loss)")
+    if root.count is None and not root.summed and ignore is not None:
+        raise _not_applicable(site, f"the loss averages over every position, the ignored ones "
+                                    f"(label {ignore}) included: the algorithm divides by the "
+                                    "counted positions")
+    inner = _per_position_factor(root, logits)
+    if inner is None and smoothing:  # a smoothed loss is read from the config (§7.2)
+        inner = -1.0
+    factor = None if inner is None else _outer_factor(loss, root.node) * inner  # type: ignore
+    if factor != -1.0:
+        what = "is not `-log_softmax(logits)[label]`" if factor is None else \
+            f"is {-factor:g} times the cross-entropy"
+        raise _not_applicable(site, f"the spec's per-position loss {what}: the algorithm "
+                                    "computes the plain cross-entropy")
+    return root.summed, ignore
+
+
+def _outer_factor(node: torch.fx.Node, root: torch.fx.Node) -> float:
+    """The constant factor between the loss and its normaliser (negations, constants)."""
+    factor = 1.0
+    while node is not root:
+        name, args = packet_name(node.target), node.args
+        if name == "aten.neg":
+            factor, node = -factor, args[0]  # type: ignore[assignment]
+        elif isinstance(args[0], torch.fx.Node) and isinstance(args[1], (int, float)):
+            factor *= args[1] if name == "aten.mul" else 1.0 / args[1]
+            node = args[0]
+        else:  # a constant times the root (find_root's other form)
+            factor *= args[0]  # type: ignore[operator]
+            node = args[1]  # type: ignore[assignment]
+    return factor
+
+
+def _per_position_factor(root: loss_norm.Root, logits: torch.fx.Node) -> float | None:
+    """``c`` when the normaliser reduces ``c * log_softmax(logits)[label]`` (through views,
+    negations, constant factors and the mask's ``where``), else ``None``."""
+    node: Any = root.numerator
+    if root.count is not None and packet_name(node.target) == "aten.sum":
+        node = node.args[0]
+    factor = 1.0
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        name, args = packet_name(node.target), node.args
+        if name == "aten.gather":
+            source = args[0]
+            while packet_name(source.target) in _VIEWS:
+                source = source.args[0]
+            if packet_name(source.target) != "aten._log_softmax":
+                return None
+            inner = source.args[0]
+            while inner is not logits and packet_name(inner.target) in _VIEWS:
+                inner = inner.args[0]
+            return factor if inner is logits else None
+        if name in _VIEWS or name == "aten.squeeze":
+            node = args[0]
+        elif name == "aten.neg":
+            factor, node = -factor, args[0]
+        elif name in ("aten.mul", "aten.div") and isinstance(args[1], (int, float)):
+            factor *= args[1] if name == "aten.mul" else 1.0 / args[1]
+            node = args[0]
+        elif name == "aten.where" and _is_zero(args[2]):
+            node = args[1]  # the mask's zeros are what ignoring a position means
+        else:
+            return None
+    return None
+
+
+def _is_zero(value: Any) -> bool:
+    if isinstance(value, (int, float)):
+        return value == 0
+    name = packet_name(value.target) if isinstance(value, torch.fx.Node) and \
+        value.op == "call_function" else ""
+    if name in ("aten.scalar_tensor", "aten.full"):
+        return value.args[-1] == 0
+    return name in ("aten.zeros_like", "aten.zeros")
+
+
+def _compared_labels(region: set[torch.fx.Node], labels: torch.fx.Node) -> set[int]:
+    """The constants the loss compares the labels with (``labels != -100``), through views."""
+    seen = {labels}
+    found: set[int] = set()
+    for node in labels.graph.nodes:  # the labels' views may lie before the region
+        name = packet_name(node.target) if node.op == "call_function" else ""
+        if name in _VIEWS and node.args[0] in seen:
+            seen.add(node)
+        elif name in ("aten.ne", "aten.eq") and node.args[0] in seen and \
+                isinstance(node.args[1], int) and _feeds(node, region):
+            found.add(node.args[1])
+    return found
+
+
+def _feeds(node: torch.fx.Node, region: set[torch.fx.Node]) -> bool:
+    """Whether ``node`` reaches the loss ``region`` (a mask computed from the labels alone
+    lies outside it)."""
+    seen: set[torch.fx.Node] = set()
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if n in region:
+            return True
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.users)
+    return False
 
 
 def _data_ancestor(cx: Context, region: set[torch.fx.Node]) -> torch.fx.Node | None:

@@ -116,7 +116,7 @@ def no_root(plan: Any) -> LoweringError:
         reduction.origin, "loss"))
 
 
-def summed_loss(plan: Any, root: Root) -> LoweringError:
+def summed_loss(plan: Any, root: Root | None = None) -> LoweringError:
     """A loss that sums over the batch, under a reduction that averages or counts."""
     reduction = plan.loss_reduction
     mode = mode_of(plan)
@@ -181,12 +181,16 @@ def root_axes(layouts: Any, root: Root) -> tuple[str, ...] | None:
 
 
 def normalise(lw: Any, numerator: torch.fx.Node, count: torch.fx.Node | int,
-              axes: tuple[str, ...], cause: Any) -> tuple[torch.fx.Node, TLayout]:
+              axes: tuple[str, ...], cause: Any,
+              summed: bool = False) -> tuple[torch.fx.Node, TLayout]:
     """``numerator`` (this rank's sum of per-token losses, partial over ``axes``) divided as
     the plan's ``loss-reduction`` says, with its layout; a ``token-mean`` registers the
-    count output and the denominator input of the loss stage."""
+    count output and the denominator input of the loss stage. ``summed``: the spec's loss is
+    that sum itself (no normaliser), which only ``loss-reduction sum`` states."""
     plan = lw.plan
     mode = mode_of(plan)
+    if summed and mode != "sum":
+        raise summed_loss(plan)
     reduction = plan.loss_reduction
     scalar = TLayout(())
     if mode == "local-mean":

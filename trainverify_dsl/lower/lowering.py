@@ -165,8 +165,9 @@ class _AlgorithmContext:
         return loss_norm.mode_of(self._lw.plan)
 
     def normalise_loss(self, numerator: torch.fx.Node, count: torch.fx.Node | int,
-                       axes: tuple[str, ...], cause: Any) -> tuple[torch.fx.Node, TLayout]:
-        return loss_norm.normalise(self._lw, numerator, count, axes, cause)
+                       axes: tuple[str, ...], cause: Any,
+                       summed: bool = False) -> tuple[torch.fx.Node, TLayout]:
+        return loss_norm.normalise(self._lw, numerator, count, axes, cause, summed)
 
 
 class _Lowering:

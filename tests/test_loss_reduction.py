@@ -324,13 +324,72 @@ def test_a_models_own_cross_entropy_has_its_labels_masked_without_declaring_them
 
     wrong = user_lm_plan(tmp_path, "loss-scale 1/microbatches", "avg")
     # the embedding's backward tests ids against padding_idx -1: not the model's test
-    assert inferred_masks(build_programs(wrong).spec.program, 16) == {"y_true": -100}
+    assert inferred_masks(build_programs(wrong).spec.program, 16) == {"y_true": (-100,)}
     result = simulate_file(wrong)
     assert not result.agrees
     # the reading says why, and what to state (a user's finding: nothing said so)
     assert "`y_true` at -100" in result.reading.text
     assert "state `loss-reduction token-mean`" in result.reading.text
     assert check_file(wrong).verdict == "counterexample"
+
+
+MASK_LM = '''import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MaskLM(nn.Module):
+    """A pad label inside the vocabulary and a 0/1 mask input of its own (KIND picks which);
+    torch's ignore_index -100 is never hit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+        self.mix = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 16, bias=False)
+
+    def input_specs(self, batch, seq):
+        return {"ids": ((batch, seq), torch.int64), "y_true": ((batch, seq), torch.int64),
+                "keep": ((batch, seq), torch.int64)}
+
+    def forward(self, ids, y_true, keep):
+        logits = self.head(torch.tanh(self.mix(self.emb(ids))))
+        nll = F.cross_entropy(logits.flatten(0, 1), y_true.flatten(), reduction="none")
+        counted = TEST
+        return torch.where(counted, nll, torch.zeros_like(nll)).sum() / counted.sum()
+'''
+
+
+@pytest.mark.parametrize(("test", "found"), [
+    # a pad label of 0 (inside the vocabulary), beside cross_entropy's own -100
+    ("y_true.flatten() != 0", {"y_true": (-100, 0)}),
+    ("keep.flatten() != 0", {"y_true": (-100,), "keep": (0,)}),  # a 0/1 mask of its own
+    ("1 == keep.flatten()", {"y_true": (-100,), "keep": (1,)}),
+])
+def test_a_mask_tested_against_any_constant_is_drawn_masked(tmp_path: Path, test: str,
+                                                            found: dict[str, int]) -> None:
+    """Found by an outside user: the inputs were drawn masked only where the step tests them
+    against a constant outside the drawn range, so a pad label of 0 (or a 0/1 mask) was
+    masked only where the uniform draw happened to hit it; a plan dividing each rank's loss
+    by its own count agreed at most seeds and was verified. Now every `==`/`!=` test against a
+    constant masks the input with that constant (the draw moving off it elsewhere); the
+    oracle reads the same tests from the traced step."""
+    from trainverify_dsl.api import build_programs, check_file
+    from trainverify_dsl.oracle import run_distributed
+    from trainverify_dsl.simulate.run import inferred_masks
+
+    model = ("mask_lm.py", MASK_LM.replace("TEST", test), "MaskLM")
+    wrong = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-scale 1/microbatches\nsplit keep [dp, -]", "avg")
+    assert inferred_masks(build_programs(wrong).spec.program, 16) == found
+    result = simulate_file(wrong)
+    assert not result.agrees and result.max_rel_error > 1e-3
+    if test.startswith("y_true.flatten() !="):
+        assert check_file(wrong).verdict == "counterexample"
+        assert not run_distributed(wrong).agrees
+    right = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-reduction token-mean\nsplit keep [dp, -]", "sum")
+    assert simulate_file(right).agrees
 
 
 def test_token_mean_over_torchs_cross_entropy_is_verified(tmp_path: Path) -> None:

@@ -286,18 +286,21 @@ def test_project_collectives_agree_with_torch_distributed() -> None:
 # ---------------------------------------------------------------- masked labels
 
 
+@pytest.mark.parametrize("value", [-100, 3])
 @pytest.mark.parametrize("shape", [(2, 2), (4, 2), (8, 4), (4, 8), (2, 3, 4), (6,)])
-def test_masked_labels_count_unevenly_in_every_block_split(shape: tuple[int, ...]) -> None:
+def test_masked_labels_count_unevenly_in_every_block_split(shape: tuple[int, ...],
+                                                          value: int) -> None:
     """The oracle's masked labels (``mask_rows``) never give every block of an even split of
     the rows or of the positions the same token count: a plan dividing each rank's loss by
     its own count must differ from torch for every seed (with a random share it agreed for
     some)."""
     import numpy as np
 
-    from trainverify_dsl.oracle.reference import mask_rows
+    from trainverify_dsl.simulate.run import mask_rows
 
-    ids = mask_rows(np.ones(shape, dtype=np.int64), -100)
-    kept = (ids != -100)
+    # every entry drawn equal to an in-range masking value (a pad id 3 of 16) moves away
+    ids = mask_rows(np.full(shape, 3, dtype=np.int64), (value,), 16)
+    kept = (ids != value)
     assert kept.reshape(-1, shape[-1]).any(axis=-1).all()  # no row masked whole
     for dim in range(ids.ndim):
         for blocks in range(2, ids.shape[dim] + 1):

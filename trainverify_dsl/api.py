@@ -379,17 +379,17 @@ def _masked_loss_hint(result: SimulationResult, program: ParallelProgram, refere
     the reading says why each rank's count is its own, and what states the token mean."""
     from dataclasses import replace as renew
 
-    from trainverify_dsl.simulate.run import inferred_masks, model_vocab
+    from trainverify_dsl.simulate.run import input_masks, model_vocab
 
     first = result.first
     if result.agrees or first is None or first.tensor != "loss" or result.reading is None \
             or program.loss.mode != "local-mean":
         return result
-    masked = dict(getattr(model, "masked_inputs", dict)())
-    masked.update(inferred_masks(reference.program, model_vocab(model) or 2))
+    masked = input_masks(model, reference.program, model_vocab(model) or 2)
     if not masked:
         return result
-    inputs = ", ".join(f"`{name}` at {value}" for name, value in sorted(masked.items()))
+    inputs = ", ".join(f"`{name}` at {' and '.join(str(v) for v in values)}"
+                       for name, values in sorted(masked.items()))
     result.reading = renew(result.reading, text=(
         f"{result.reading.text}; the inputs were drawn masked ({inputs}: masked positions do "
         "not count), so under the default `loss-reduction local-mean` each rank divides by "

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from trainverify_dsl.plan.model import Optimizer
+from trainverify_dsl.simulate.run import input_masks, mask_rows
 from trainverify_dsl.spec.float64 import Float64
 
 #: torch.optim's state tensors per optimizer kind (SGD without momentum keeps none; with
@@ -27,12 +28,16 @@ STATES = {"sgd": (), "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "ex
 
 
 def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dtype]],
-                optimizer: Optimizer | None, seed: int) -> dict[str, np.ndarray]:
+                optimizer: Optimizer | None, seed: int,
+                masked: Mapping[str, tuple[int, ...]] | None = None
+                ) -> dict[str, np.ndarray]:
     """Parameters ~ N(0, 0.5²), Adam's first moment ~ N(0, 0.1²) and second moment
     ~ U(0.01, 0.1) (positive), real inputs ~ N(0, 1), integer inputs (token ids) uniform in the
     vocabulary (the first embedding table's rows), buffers as the model built them. An input
-    the model names in ``masked_inputs()`` (labels with an ignore index) has the first
-    position of every row but the first set to that index (``mask_rows``)."""
+    of ``masked`` (default: those the model names in ``masked_inputs()``; ``tvp simulate``'s
+    ``input_masks`` adds the constants the traced step tests them against) has the first
+    position of every row but the first set to the masking value (``mask_rows``: the
+    pattern ``tvp simulate`` draws)."""
     rng = np.random.default_rng(seed)
     values: dict[str, np.ndarray] = {}
     for name, p in model.named_parameters():
@@ -47,10 +52,11 @@ def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dt
             values[name] = rng.normal(0.0, 1.0, size=tuple(shape))
         else:
             values[name] = rng.integers(0, vocab, size=tuple(shape))
-    masked: Mapping[str, int] = getattr(model, "masked_inputs", dict)()
+    if masked is None:
+        masked = input_masks(model, None, vocab)
     for name, ignore in masked.items():
-        if name in inputs:
-            values[name] = mask_rows(values[name], ignore)
+        if name in inputs and not inputs[name][1].is_floating_point:
+            values[name] = mask_rows(values[name], ignore, vocab)
     for state in STATES[optimizer.kind] if optimizer else ():
         for name, p in model.named_parameters():
             if state == "exp_avg":
@@ -58,23 +64,6 @@ def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dt
             else:
                 values[f"{state}({name})"] = rng.uniform(0.01, 0.1, size=tuple(p.shape))
     return values
-
-
-def mask_rows(ids: np.ndarray, ignore: int) -> np.ndarray:
-    """``ids`` with the first position of every row but the first set to ``ignore`` (a 1-D
-    input: its first entry). Every row keeps tokens that count, and every split of the rows
-    or of the positions into equal contiguous blocks (data ranks, microbatches, context
-    chunks) counts a different number of tokens in the block holding row 0 or position 0
-    than in the others, so a plan dividing each rank's loss by its own count cannot agree
-    by chance. A random share of masked entries drew equal counts in every block for some
-    seeds."""
-    out = np.array(ids, copy=True)
-    if out.ndim == 1:
-        if out.size >= 2:
-            out[0] = ignore
-    elif out.ndim and out.shape[-1] >= 2:
-        out.reshape(-1, out.shape[-1])[1:, 0] = ignore
-    return out
 
 
 def make_optimizer(params: Iterable[torch.Tensor], optimizer: Optimizer

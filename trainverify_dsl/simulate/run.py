@@ -98,14 +98,11 @@ def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Gener
     range (the vocabulary is the first dimension of the embedding table), real inputs N(0,1),
     buffers as the model built them. An input the model names in ``masked_inputs()`` (labels
     with an ``ignore_index``), or that the reference step ``program`` tests against a value
-    never drawn (``inferred_masks``), has some entries masked (``_mask``)."""
+    never drawn (``inferred_masks``), has some entries masked (``mask_rows``)."""
     buffers = {n: b.detach().cpu().double().numpy() if b.is_floating_point() else
                b.detach().cpu().numpy() for n, b in model.named_buffers()}
     vocab = model_vocab(model)
-    masked: dict[str, int] = dict(getattr(model, "masked_inputs", dict)())
-    if program is not None:
-        for name, value in inferred_masks(program, vocab or 2).items():
-            masked.setdefault(name, value)
+    masked = input_masks(model, program, vocab or 2)
     values: dict[str, np.ndarray] = {}
     for g in spec_inputs:
         shape = g.type.shape
@@ -114,7 +111,7 @@ def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Gener
         elif g.type.dtype.startswith("i"):
             values[g.name] = rng.integers(0, vocab or 2, size=shape)
             if g.name in masked:
-                values[g.name] = _mask(values[g.name], masked[g.name], rng)
+                values[g.name] = mask_rows(values[g.name], masked[g.name], vocab or 2)
         elif g.kind == "state" and g.name.startswith("v("):
             values[g.name] = rng.uniform(0.1, 1.0, size=shape)
         else:
@@ -145,15 +142,31 @@ def small_values(values: Mapping[str, np.ndarray], buffers: set[str],
     return out
 
 
-def inferred_masks(program: Program, high: int) -> dict[str, int]:
-    """Integer data inputs the step compares (``ne``, ``eq``, through reshapes) with a constant
-    outside the drawn range ``[0, high)``: ``labels != -100`` of torch's ``cross_entropy``,
-    whose ``ignore_index`` is -100 whether the model writes it or not. Drawn without that
-    value, every token count would be the full one, and a plan dividing each rank's loss by
-    its own count could not be told from one dividing by the step's: a model need not
-    declare ``masked_inputs()`` for its masked positions to be exercised."""
+def input_masks(model: torch.nn.Module, program: Program | None, high: int
+                ) -> dict[str, tuple[int, ...]]:
+    """Input name -> the values masking it: the model's ``masked_inputs()``, then the
+    constants the reference step ``program`` tests it against (``inferred_masks``)."""
+    masked = {name: (int(value),) for name, value in
+              dict(getattr(model, "masked_inputs", dict)()).items()}
+    for name, found in (inferred_masks(program, high) if program is not None else {}).items():
+        masked[name] = tuple(dict.fromkeys(masked.get(name, ()) + found))
+    return masked
+
+
+def inferred_masks(program: Program, high: int) -> dict[str, tuple[int, ...]]:
+    """Integer data inputs the step's forward tests for equality (``eq``, ``ne``, through
+    reshapes) with a constant, and the constants: ``labels != -100`` of torch's
+    ``cross_entropy`` (its ``ignore_index`` is -100 whether the model writes it or not),
+    ``ignore_index=0`` of a pad label, a 0/1 mask input ``keep != 0``. Drawn uniformly, an
+    input would hold the constant rarely or never, every token count would be the full one,
+    and a plan dividing each rank's loss by its own count could not be told from one
+    dividing by the step's: a model need not declare ``masked_inputs()`` for its masked
+    positions to be exercised. An input tested against several constants (torch's -100 and
+    a pad label of the model's own) is masked with each, in the order the step tests them.
+    Orderings (``labels >= 0``) are not read: a value past the range may be used as an
+    index next."""
     data = {g.name for g in program.inputs if g.kind == "data" and g.type.dtype.startswith("i")}
-    found: dict[str, int] = {}
+    found: dict[str, tuple[int, ...]] = {}
     table = dict(program.graphs)
     for call in program.calls:
         graph = table[call.graph]
@@ -171,31 +184,40 @@ def inferred_masks(program: Program, high: int) -> dict[str, int]:
                 # (the embedding's backward tests its indices against padding_idx -1)
                 a, b = node.inputs
                 for x, c in ((a, b), (b, a)):
-                    if x in of and c in constants and not 0 <= constants[c] < high:
-                        found.setdefault(of[x], constants[c])
+                    if x in of and c in constants and constants[c] not in found.get(of[x], ()):
+                        found[of[x]] = found.get(of[x], ()) + (constants[c],)
     return found
 
 
-def _mask(ids: np.ndarray, value: int, rng: np.random.Generator) -> np.ndarray:
-    """The first position of every row but the first is masked, nothing else (a 1-D input:
-    its first entry, so a block of that one entry counts none). No row is masked whole
-    (every row counts), and any
-    split of the rows or of the positions into equal contiguous blocks (data axes,
-    microbatches, context parallelism; Rule 4.1) gives blocks of different token counts:
-    the block holding row 0 counts one more token per row-block than the others, the block
-    holding position 0 fewer. Drawn at random (30% of the entries, before) the counts of
-    a shrunk step's blocks came out equal about one seed in four, and a plan dividing each
-    rank's loss by its own count was then verified. ``rng`` is unused: the pattern is the
-    same for every seed (the labels' values are drawn)."""
-    del rng
+def mask_rows(ids: np.ndarray, values: tuple[int, ...], high: int) -> np.ndarray:
+    """Masked entries at position ``k`` of every row but the first for the ``k``-th masking
+    value (a 1-D input: its entry ``k``; positions past the last one share it), nothing
+    else: an entry drawn equal to a masking value inside the drawn range ``[0, high)`` is
+    moved off it. No row is masked whole while a row has more positions than values (every
+    row counts), and any split of the rows or of the positions into equal contiguous blocks
+    (data axes, microbatches, context parallelism; Rule 4.1) gives blocks of different
+    token counts for each value: the block holding row 0 counts one more token per
+    row-block than the others, the block holding the value's position fewer. Drawn at
+    random (30% of the entries, before) the counts of a shrunk step's blocks came out equal
+    about one seed in four, and a plan dividing each rank's loss by its own count was then
+    verified; so was one whose pad label (0, inside the range) was masked only where the
+    uniform draw hit it."""
     out = ids.copy()
+    for value in values:
+        if 0 <= value < high and high >= 2:
+            moved = (value + 1) % high
+            while moved in values and moved != value:
+                moved = (moved + 1) % high
+            out[out == value] = moved
     if out.ndim == 1:
-        if out.size >= 2:
-            out[0] = value
+        for k, value in enumerate(values):
+            if out.size >= 2:
+                out[min(k, out.size - 2)] = value
         return out
     if out.shape[-1] >= 2:
         rows = out.reshape(-1, out.shape[-1])
-        rows[1:, 0] = value
+        for k, value in enumerate(values):
+            rows[1:, min(k, out.shape[-1] - 2)] = value
     return out
 
 

@@ -142,6 +142,11 @@ def _place(stmt: ast.PlaceStmt, claim: Claim, mesh: Mesh, collector: Collector) 
         claim.placements.append((axis, kind))
         if isinstance(kind, Shard):
             claim.dims[kind.dim] = claim.dims.get(kind.dim, ()) + (axis,)
+    # several Shard(d) on one dimension are ordered in mesh order (DTensor's), however the
+    # named form writes them (docs/semantics.md §2.1); an unknown axis is reported elsewhere
+    order = {name: k for k, name in enumerate(mesh.names)}
+    for dim, axes in claim.dims.items():
+        claim.dims[dim] = tuple(sorted(axes, key=lambda a: order.get(a, len(order))))
 
 
 def _placement_kind(placement: ast.Placement) -> PlacementKind:

@@ -407,3 +407,64 @@ def test_vocab_parallel_cross_entropy_reads_the_ignore_index_of_the_traced_loss(
 def test_vocab_parallel_cross_entropy_refuses_a_count_it_cannot_read(tmp_path: Path) -> None:
     message = refused(lm_plan(tmp_path, 5, "loss-reduction token-mean", "sum"))
     assert "divides by a count" in message
+
+
+# -- row-parallel-linear: a layer that is x Wᵀ + b and nothing else ------------------------
+
+ROW_MODEL = '''
+import torch
+from torch import nn
+
+
+class Scaled(nn.Module):
+    """A weight and a bias, like nn.Linear, but the product is doubled."""
+
+    def __init__(self, d_in, d_out, scaled):
+        super().__init__()
+        self.scaled = scaled
+        self.weight = nn.Parameter(torch.randn(d_out, d_in) / d_in ** 0.5)
+        self.bias = nn.Parameter(torch.zeros(d_out))
+
+    def forward(self, x):
+        y = x @ self.weight.t()
+        return (2.0 * y if self.scaled else y) + self.bias
+
+
+class Net(nn.Module):
+    def __init__(self, d=8, f=8, scaled=1):
+        super().__init__()
+        self.fc1 = nn.Linear(d, f, bias=False)
+        self.fc2 = Scaled(f, d, scaled)
+
+    def input_specs(self, batch, seq):
+        dtype = torch.get_default_dtype()
+        return {"x": ((batch, 8), dtype), "target": ((batch, 8), dtype)}
+
+    def forward(self, x, target):
+        return ((self.fc2(torch.tanh(self.fc1(x))) - target) ** 2).mean()
+'''
+
+ROW_PLAN = '''plan row
+spec "row.py:Net" scaled {scaled} batch 4 seq 1
+spec-optimizer sgd lr=0.1
+mesh tp=2
+
+split fc1.weight [tp, -]
+copy fc1.in over tp
+split fc2.weight [-, tp]
+algorithm row-parallel-linear for fc2 over tp
+
+optimizer sgd lr=0.1
+'''
+
+
+def test_row_parallel_linear_refuses_a_layer_that_is_not_linear(tmp_path: Path) -> None:
+    """A module with a weight and a bias was taken for a linear layer by their names."""
+    write(tmp_path, "row.py", ROW_MODEL)
+    message = refused(write(tmp_path, "row.tvp", ROW_PLAN.format(scaled=1)))
+    assert "a linear layer x Wᵀ + b" in message
+
+
+def test_row_parallel_linear_on_a_linear_layer_agrees(tmp_path: Path) -> None:
+    write(tmp_path, "row.py", ROW_MODEL)
+    assert api.simulate_file(write(tmp_path, "row.tvp", ROW_PLAN.format(scaled=0))).agrees

@@ -7,7 +7,10 @@ differentiated by AOTAutograd and checked like everything else — never trusted
 (docs/semantics.md §7). The registry ``ALGORITHMS`` maps a plan name to its definition: what it
 replaces (a module's output, or the loss) and how it is lowered, through the narrow
 ``Context`` the lowering hands it (marked points, parameters, layouts, local values, the group
-index, inlining) — never the lowering's private state.
+index, inlining) — never the lowering's private state. Before replacing anything, each
+definition reads what the module really does from its traced ops (Rule 7.3: its parameters, its
+ops compared with the algorithm's own one-rank function, the loss's reduction and ignore index)
+and refuses with TVP408 whatever the algorithm would drop.
 
 - ``vocab-parallel-embedding`` (§7.1): lookup in this rank's vocabulary rows, zero elsewhere;
   the output is ``Partial(sum)`` over the axes.
@@ -359,6 +362,10 @@ _VIEWS = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape", "aten.alia
                     "aten.squeeze", "aten.detach"})
 
 
+#: Ops whose two operands may be swapped without changing the value.
+_COMMUTATIVE = frozenset({"aten.add", "aten.mul"})
+
+
 class _Structure:
     """Value numbers of computations: two nodes get one number when they apply the same op, with
     the same constant arguments, to operands of equal numbers; inputs are numbered by their role
@@ -398,8 +405,13 @@ class _Structure:
                 if isinstance(a, (list, tuple)):
                     return tuple(plain(b) for b in a)
                 return a if isinstance(a, (int, float, bool, str, type(None))) else repr(a)
-            key = (packet_name(n.target), plain(n.args),
-                   tuple(sorted((k, plain(v)) for k, v in n.kwargs.items())))
+            name, args = packet_name(n.target), plain(n.args)
+            if name == "aten.addmm" and not n.kwargs:  # b + a m, as `x @ w.t() + b` traces
+                product = self._table.setdefault(("aten.mm", args[1:], ()), len(self._table))
+                name, args = "aten.add", (("value", product), args[0])
+            if name in _COMMUTATIVE and len(args) == 2:
+                args = tuple(sorted(args, key=repr))
+            key = (name, args, tuple(sorted((k, plain(v)) for k, v in n.kwargs.items())))
         return self._table.setdefault(key, len(self._table))
 
 
@@ -590,6 +602,11 @@ def _lower_row_parallel(cx: Context, site: Site) -> tuple[torch.fx.Node, TLayout
                                     f"{', '.join(site.axes)} by input columns "
                                     f"(`split {module}.weight [-, axis]`) and its bias "
                                     "whole")
+    roles = [("x", x), ("weight", weight), ("bias", bias)]
+    _unused_params(cx, site, _module_ops(x.graph, module), [f"{module}.weight",
+                                                          f"{module}.bias"], "x Wᵀ + b")
+    _computes_reference(cx, site, _mark(cx, f"{module}.out").args[0], roles,  # type: ignore
+                        F.linear, "a linear layer x Wᵀ + b")
     x_lay = cx.layout(x)
     if x_lay.dim_axes(x_lay.rank - 1) != site.axes:
         raise _not_applicable(site, f"its input must be split over "

@@ -899,9 +899,10 @@ def _backward_findings(lowering: _Lowering) -> list[Finding]:
 
 def _explicit_sends(lowering: _Lowering, stages: list[StageProgram]
                     ) -> dict[tuple[int, str], str | None]:
-    """Rule 5.2: ``send T from i to j`` delivers ``T`` to the first boundary input of stage
-    ``j`` with ``T``'s shape; the stage that received ``T`` by implication reads a free
-    value instead."""
+    """Rule 5.2: ``send T from i to j`` delivers ``T`` to stage ``j``'s boundary input of
+    ``T`` itself when stage ``j`` reads ``T`` (the implied transfer, restated), else to its
+    first boundary input with ``T``'s shape; the stage that received ``T`` by implication
+    reads a free value instead."""
     routes: dict[tuple[int, str], str | None] = {}
     for point, source, dest, span in lowering.binding.sends:
         mark = lowering.marks.get(point)
@@ -918,8 +919,10 @@ def _explicit_sends(lowering: _Lowering, stages: list[StageProgram]
                                         f"{dest}`: the destination must be a later stage",
                                         span, point))
         shape = lowering.layouts[mark].local_shape(lowering.sizes)
-        target = next((slot for slot in stages[dest].inputs if slot.kind == "recv" and
-                       slot.layout.local_shape(lowering.sizes) == shape), None)
+        received = [slot for slot in stages[dest].inputs if slot.kind == "recv" and
+                    slot.layout.local_shape(lowering.sizes) == shape]
+        target = next((slot for slot in received if slot.spec == mark.name),
+                      received[0] if received else None)
         if target is None:
             raise LoweringError(Finding(codes_plan.STAGE_ORDER,
                                         f"stage {dest} has no boundary input "

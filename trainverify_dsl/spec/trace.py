@@ -493,6 +493,9 @@ def _trace_pieces(model: nn.Module, inputs: tuple[torch.Tensor, ...],
     if found is None:
         raise _NoReuse("the model has no nn.ModuleList of blocks")
     list_path, blocks = found
+    if _shares_a_block_parameter(model, list_path):
+        raise _NoReuse("a block shares a parameter with another module (tied weights): its "
+                       "gradient sums over the modules, not one block's")
     stub, _ = capture_stub_call(model, list_path, inputs)
     args, kwargs = stub.calls[0]
     tensors = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]
@@ -521,6 +524,19 @@ def _trace_pieces(model: nn.Module, inputs: tuple[torch.Tensor, ...],
         layer_graph.append(groups[key])
     outer = _trace_outer(model, list_path, inputs, data_names, outer_marks)
     return Pieces(outer, traced, layer_graph, list_path)
+
+
+def _shares_a_block_parameter(model: nn.Module, list_path: str) -> bool:
+    """Whether a parameter of a block is also another module's (``blocks.3.lin.weight``
+    tied to ``blocks.0.lin.weight``, or to a module outside the list)."""
+    holders: dict[int, set[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        holders.setdefault(id(p), set()).add(name)
+    prefix = f"{list_path}."
+    for names in holders.values():
+        if len(names) > 1 and any(n.startswith(prefix) for n in names):
+            return True
+    return False
 
 
 def _flat_program(model: nn.Module, inputs: tuple[torch.Tensor, ...], data_names: list[str],

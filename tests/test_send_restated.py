@@ -13,47 +13,12 @@ from pathlib import Path
 
 from trainverify_dsl.api import layout_diagnostics, simulate_file
 
-MODEL = '''import torch
-from torch import nn
-
-
-class Block(nn.Module):
-    def __init__(self, h):
-        super().__init__()
-        self.lin = nn.Linear(h, h)
-
-    def forward(self, x):
-        return x + torch.relu(self.lin(x))
-
-
-class SkipNet(nn.Module):
-    """proj's output is used by the first block and again at the head (a long skip)."""
-
-    def __init__(self, d: int = 4, hid: int = 8, n_blocks: int = 4):
-        super().__init__()
-        self.d = d
-        self.proj = nn.Linear(d, hid, bias=False)
-        self.blocks = nn.ModuleList([Block(hid) for _ in range(n_blocks)])
-        self.head = nn.Linear(hid, d, bias=False)
-
-    def input_specs(self, batch, seq):
-        dt = torch.get_default_dtype()
-        return {"inp": ((batch, self.d), dt), "lbl": ((batch, self.d), dt)}
-
-    def forward(self, inp, lbl):
-        h0 = self.proj(inp)
-        h = h0
-        for b in self.blocks:
-            h = b(h)
-        err = self.head(h * h0) - lbl
-        return (err * err).mean()
-'''
+MODELS = Path(__file__).resolve().parent / "models" / "block_nets.py"
 
 
 def plan(tmp_path: Path, send: str) -> Path:
-    (tmp_path / "skip.py").write_text(MODEL)
     path = tmp_path / "skip.tvp"
-    path.write_text('plan skip\nspec "skip.py:SkipNet" batch 8 seq 1\nspec-optimizer sgd lr=0.1\n'
+    path.write_text(f'plan skip\nspec "{MODELS}:SkipNet" batch 8 seq 1\nspec-optimizer sgd lr=0.1\n'
                     "mesh pp=3\nmicrobatches 2 schedule 1f1b\nloss-scale 1/microbatches\n"
                     "pipeline-stage 0: proj, blocks[0:1]\npipeline-stage 1: blocks[1:3]\n"
                     "pipeline-stage 2: blocks[3:4], head, loss\n"

@@ -15,45 +15,12 @@ import pytest
 
 from trainverify_dsl.api import check_file, simulate_file
 
-MODEL = '''import torch
-from torch import nn
-
-
-class Block(nn.Module):
-    def __init__(self, h):
-        super().__init__()
-        self.lin = nn.Linear(h, h)
-
-    def forward(self, x):
-        return x + torch.relu(self.lin(x))
-
-
-class TiedNet(nn.Module):
-    def __init__(self, d: int = 4, hid: int = 8, n_blocks: int = 4):
-        super().__init__()
-        self.d = d
-        self.proj = nn.Linear(d, hid, bias=False)
-        self.blocks = nn.ModuleList([Block(hid) for _ in range(n_blocks)])
-        self.blocks[n_blocks - 1].lin.weight = self.blocks[0].lin.weight
-        self.head = nn.Linear(hid, d, bias=False)
-
-    def input_specs(self, batch, seq):
-        dt = torch.get_default_dtype()
-        return {"inp": ((batch, self.d), dt), "lbl": ((batch, self.d), dt)}
-
-    def forward(self, inp, lbl):
-        h = self.proj(inp)
-        for b in self.blocks:
-            h = b(h)
-        err = self.head(h) - lbl
-        return (err * err).mean()
-'''
+MODELS = Path(__file__).resolve().parent / "models" / "block_nets.py"
 
 
 def plan(tmp_path: Path, group: str) -> Path:
-    (tmp_path / "tied.py").write_text(MODEL)
     path = tmp_path / "tied.tvp"
-    path.write_text('plan tied\nspec "tied.py:TiedNet" batch 8 seq 1\n'
+    path.write_text(f'plan tied\nspec "{MODELS}:TiedNet" batch 8 seq 1\n'
                     "spec-optimizer adam lr=0.01\nmesh pp=2, rows=2\n"
                     "microbatches 2 schedule 1f1b\nloss-scale 1/microbatches\n"
                     "split inp [rows, -]\nsplit lbl [rows, -]\n"

@@ -754,7 +754,7 @@ def _per_position_factor(root: loss_norm.Root, logits: torch.fx.Node) -> float |
             while inner is not logits and packet_name(inner.target) in _VIEWS:
                 inner = inner.args[0]
             return factor if inner is logits else None
-        if name in _VIEWS or name == "aten.squeeze":
+        if name in _VIEWS:
             node = args[0]
         elif name == "aten.neg":
             factor, node = -factor, args[0]

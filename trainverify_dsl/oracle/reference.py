@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from trainverify_dsl.plan.model import Optimizer
-from trainverify_dsl.simulate.run import input_masks, mask_rows
+from trainverify_dsl.simulate.run import input_masks, mask_rows, model_vocab
 from trainverify_dsl.spec.float64 import Float64
 
 #: torch.optim's state tensors per optimizer kind (SGD without momentum keeps none; with
@@ -45,8 +45,7 @@ def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dt
     for name, b in model.named_buffers():
         values[name] = b.detach().double().numpy() if b.is_floating_point() \
             else b.detach().numpy()
-    vocab = next((m.num_embeddings for m in model.modules()
-                  if isinstance(m, torch.nn.Embedding)), 2)
+    vocab = model_vocab(model) or 2
     for name, (shape, dtype) in inputs.items():
         if dtype.is_floating_point:
             values[name] = rng.normal(0.0, 1.0, size=tuple(shape))

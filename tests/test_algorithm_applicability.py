@@ -468,3 +468,52 @@ def test_row_parallel_linear_refuses_a_layer_that_is_not_linear(tmp_path: Path) 
 def test_row_parallel_linear_on_a_linear_layer_agrees(tmp_path: Path) -> None:
     write(tmp_path, "row.py", ROW_MODEL)
     assert api.simulate_file(write(tmp_path, "row.tvp", ROW_PLAN.format(scaled=0))).agrees
+
+
+SHIPPED_MASKED = '''plan masked_vp_ce
+spec "{root}/stdlib/models/llama.py:Llama" config llama_tiny batch 4 seq 8 ignore_index {ignore}
+spec-optimizer sgd lr=0.01
+mesh rows=2, mp=2
+microbatches 2
+{reduction}
+use "{root}/stdlib/megatron.tvp"
+
+split tokens [rows, -]
+split labels [rows, -]
+apply vocab_parallel_embedding(embed, mp)
+apply vocab_parallel_output(output, mp)
+
+all-reduce grad(params) over rows op={op}
+optimizer sgd lr=0.01
+'''
+
+
+def shipped_masked_plan(tmp_path: Path, ignore: int, reduction: str, op: str) -> Path:
+    root = Path(__file__).resolve().parent.parent.as_posix()
+    return write(tmp_path, f"masked{ignore}{op}.tvp", SHIPPED_MASKED.format(
+        root=root, ignore=ignore, reduction=reduction, op=op))
+
+
+@pytest.mark.parametrize("ignore", [5, -100])
+def test_vocab_parallel_cross_entropy_on_the_shipped_masked_loss_agrees(
+        tmp_path: Path, ignore: int) -> None:
+    """Session 19, outside report: Megatron's per-token loss (the shipped models' `lm_loss`
+    with `ignore_index`, token-mean, vocab-parallel cross-entropy) was TVP408 "not
+    `-log_softmax(logits)[label]`": the zeros of the loss's mask are traced as `full_like`,
+    which the algorithm did not read as zeros. The local-mean twin differs."""
+    plan = shipped_masked_plan(tmp_path, ignore, "loss-reduction token-mean", "sum")
+    assert [d.code.id for d in api.layout_diagnostics(plan, allow_model_outside_root=True)] \
+        == []
+    assert api.simulate_file(plan, allow_model_outside_root=True).agrees
+    twin = shipped_masked_plan(tmp_path, ignore, "loss-scale 1/microbatches", "avg")
+    assert not api.simulate_file(twin, allow_model_outside_root=True).agrees
+
+
+def test_a_proof_keeps_the_ignored_label(tmp_path: Path) -> None:
+    """`ignore_index` is a label value, not a width: the proof's shrunk sizes keep it (it
+    was shrunk to 3 beside a vocabulary of 2) and the plan is verified."""
+    plan = shipped_masked_plan(tmp_path, 5, "loss-reduction token-mean", "sum")
+    verdict = api.check_file(plan, allow_model_outside_root=True, cache=False)
+    assert verdict.verdict == "verified", verdict.reason
+    sizes = next(a for a in verdict.assumptions if a.startswith("shape reduction"))
+    assert "vocab_size=2" in sizes and "ignore_index" not in sizes

@@ -53,7 +53,10 @@ SMALL = 128
 #: Spec-line settings that are not model config fields.
 NOT_CONFIG = ("config", "batch", "seq")
 #: Counts kept by every model (pipeline stages and layouts name layer indices).
-KEPT_ALWAYS = ("n_layers",)
+#: Integer fields that are never widths: the layer count (structure) and the label a loss
+#: ignores (a value the labels are compared with, not a size: shrunk like a width it became 3
+#: beside a vocabulary of 2).
+KEPT_ALWAYS = ("n_layers", "ignore_index")
 
 #: Per shipped model class (the config's ``model``): config fields that are products of other
 #: widths, in the order to rebuild them; the new independent width is named after the

@@ -773,8 +773,10 @@ def _is_zero(value: Any) -> bool:
         return value == 0
     name = packet_name(value.target) if isinstance(value, torch.fx.Node) and \
         value.op == "call_function" else ""
-    if name in ("aten.scalar_tensor", "aten.full"):
+    if name in ("aten.scalar_tensor", "aten.full"):  # (value) and (size, value)
         return value.args[-1] == 0
+    if name == "aten.full_like":  # (like, value): what `zeros_like` decomposes to
+        return value.args[1] == 0
     return name in ("aten.zeros_like", "aten.zeros")
 
 

@@ -326,6 +326,38 @@ def test_a_sum_of_widths_grows_only_its_smallest_summand() -> None:
     assert shrunk["qk_rope_head_dim"] == 16  # not raised in lockstep with kv_lora_rank to 64
 
 
+def test_a_sum_divisible_only_as_a_sum_is_kept_divisible() -> None:
+    """Session 19, outside report: DeepSeek's wkv_a has 512 + 64 rows, split over 3; neither
+    summand has the factor, so each kept none and the shrunk 2 + 2 rows did not divide
+    (ShrinkingLostDivisibility on a correct plan). The summands now take the least values
+    whose sum divides, each with no mesh prime more often than at full size."""
+    widths = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "hidden": 2048}
+    rules = [Divisibility((), (("g", 3),), (("kv_lora_rank", "qk_rope_head_dim"),)),
+             Divisibility((("hidden", 1),), (("dp", 2),))]
+    shrunk = shrink_widths(widths, rules, {"qk_rope_head_dim": 2}, {})
+    assert (shrunk["kv_lora_rank"] + shrunk["qk_rope_head_dim"]) % 3 == 0
+    assert shrunk["qk_rope_head_dim"] % 2 == 0 and shrunk["hidden"] % 2 == 0
+    for w in widths:  # no factor 3 appears in a summand; nothing grows beyond full size
+        assert shrunk[w] % 3 != 0 and 2 <= shrunk[w] <= widths[w]
+    assert sum(shrunk[w] for w in ("kv_lora_rank", "qk_rope_head_dim")) == 6
+
+
+def test_a_column_parallel_latent_projection_over_3_agrees(tmp_path: Path) -> None:
+    plan = tmp_path / "wkv_a.tvp"
+    model = f"{MEGATRON.parent.as_posix()}/models/deepseek.py:DeepSeekV3"
+    plan.write_text(textwrap.dedent(f"""\
+        plan wkv_a_over_3
+        spec "{model}" config deepseek_v3_16b batch 4 seq 16 n_layers 2
+        spec-optimizer sgd lr=0.01
+        mesh g=3
+        split layers.*.attention.wkv_a.weight [g, -]
+        copy layers.*.attention.wkv_a.in over g
+        all-gather layers.*.attention.wkv_a.out over g dim=2 backward scatter
+        optimizer sgd lr=0.01
+        """))
+    assert main(["simulate", str(plan)]) == 0
+
+
 USER_FIELDS = textwrap.dedent('''\
     import torch
     from torch import nn

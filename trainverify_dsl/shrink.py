@@ -319,7 +319,58 @@ def shrink_widths(widths: Mapping[str, int], rules: list[Divisibility],
                                        for p in primes):
             k += 1
         out[w] = min(full, base * k)
+    _sums_divide(out, widths, rules, keep, primes)
     return out
+
+
+def _product(rule: Divisibility, values: Mapping[str, int]) -> int:
+    """The rule's dimension at ``values`` (its sums' constant scales left out)."""
+    return math.prod(values[w] ** e for w, e in rule.widths) * \
+        math.prod(sum(values[w] for w in s) for s in rule.sums)
+
+
+#: how many values of each summand ``_sums_divide`` tries (the least ones allowed)
+SUM_CANDIDATES = 12
+
+
+def _sums_divide(out: dict[str, int], widths: Mapping[str, int], rules: list[Divisibility],
+                 keep: Mapping[str, Mapping[int, int]], primes: list[int]) -> None:
+    """A split of a sum of widths that divides only through the sum (DeepSeek's ``wkv_a``
+    rows, 512 + 64, over 3: neither summand has the factor, so each keeps none and the shrunk
+    sum 2 + 2 does not divide). Its summands take the least values, each a multiple of what it
+    keeps, at most its full size and with no mesh prime more often than there, whose sum
+    divides again while every rule that held still holds. A rule the full-size widths do not
+    meet either is left (the full-size pass reports it)."""
+    for rule in rules:
+        if not rule.sums or _product(rule, out) % rule.n == 0 or \
+                _product(rule, widths) % rule.n:
+            continue
+        held = [r for r in rules if _product(r, out) % r.n == 0]
+        best: tuple[int, dict[str, int]] | None = None
+        for summands in rule.sums:
+            options = [_summand_values(w, out[w], widths[w], keep[w], primes)
+                       for w in summands]
+            for values in itertools.product(*options):
+                trial = {**out, **dict(zip(summands, values, strict=True))}
+                if _product(rule, trial) % rule.n == 0 and \
+                        all(_product(r, trial) % r.n == 0 for r in held) and \
+                        (best is None or sum(values) < best[0]):
+                    best = (sum(values), dict(zip(summands, values, strict=True)))
+        if best is not None:
+            out.update(best[1])
+
+
+def _summand_values(w: str, least: int, full: int, keep: Mapping[int, int],
+                    primes: list[int]) -> list[int]:
+    """The values a summand may take from ``least`` up: multiples of what it keeps, with no
+    mesh prime more often than in its full size, at most its full size."""
+    base = math.prod(p ** e for p, e in keep.items())
+    found, v = [], -(-least // base) * base
+    while v <= full and len(found) < SUM_CANDIDATES:
+        if all(_valuation(v, p) <= _valuation(full, p) for p in primes):
+            found.append(v)
+        v += base
+    return found
 
 
 # -- divisibilities of a plan ---------------------------------------------------------------

@@ -365,6 +365,13 @@ class MaskLM(nn.Module):
     ("y_true.flatten() != 0", {"y_true": (-100, 0)}),
     ("keep.flatten() != 0", {"y_true": (-100,), "keep": (0,)}),  # a 0/1 mask of its own
     ("1 == keep.flatten()", {"y_true": (-100,), "keep": (1,)}),
+    # session 19: orderings that every drawn value passes (or fails) alike; `keep >= 0`
+    # counted every token, and the local-mean plan was verified
+    ("keep.flatten() >= 0", {"y_true": (-100,), "keep": (-1,)}),
+    ("0 <= keep.flatten()", {"y_true": (-100,), "keep": (-1,)}),
+    ("keep.flatten() > -1", {"y_true": (-100,), "keep": (-1,)}),
+    ("keep.flatten() < 0", {"y_true": (-100,), "keep": (-1,)}),
+    ("keep.flatten() <= 99", {"y_true": (-100,), "keep": (100,)}),
 ])
 def test_a_mask_tested_against_any_constant_is_drawn_masked(tmp_path: Path, test: str,
                                                             found: dict[str, int]) -> None:
@@ -372,8 +379,9 @@ def test_a_mask_tested_against_any_constant_is_drawn_masked(tmp_path: Path, test
     against a constant outside the drawn range, so a pad label of 0 (or a 0/1 mask) was
     masked only where the uniform draw happened to hit it; a plan dividing each rank's loss
     by its own count agreed at most seeds and was verified. Now every `==`/`!=` test against a
-    constant masks the input with that constant (the draw moving off it elsewhere); the
-    oracle reads the same tests from the traced step."""
+    constant masks the input with that constant (the draw moving off it elsewhere), and an
+    ordering every drawn value passes alike with the next value past it; the oracle reads
+    the same tests from the traced step."""
     from trainverify_dsl.api import build_programs, check_file
     from trainverify_dsl.oracle import run_distributed
     from trainverify_dsl.simulate.run import inferred_masks

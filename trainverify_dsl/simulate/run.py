@@ -163,8 +163,11 @@ def inferred_masks(program: Program, high: int) -> dict[str, tuple[int, ...]]:
     dividing by the step's: a model need not declare ``masked_inputs()`` for its masked
     positions to be exercised. An input tested against several constants (torch's -100 and
     a pad label of the model's own) is masked with each, in the order the step tests them.
-    Orderings (``labels >= 0``) are not read: a value past the range may be used as an
-    index next."""
+    An ordering (``labels >= 0``, ``0 <= labels``, ``labels < 0``) whose outcome is the
+    same for every drawn value masks with the value next to its constant that has the other
+    outcome (-1 for ``labels >= 0``: unread, a model counting ``labels >= 0`` tokens had
+    every token counted, and a plan dividing by its ranks' own counts was verified). An
+    ordering whose constant lies inside the drawn range already has both outcomes."""
     data = {g.name for g in program.inputs if g.kind == "data" and g.type.dtype.startswith("i")}
     found: dict[str, tuple[int, ...]] = {}
     table = dict(program.graphs)
@@ -179,14 +182,34 @@ def inferred_masks(program: Program, high: int) -> dict[str, tuple[int, ...]]:
                 of[value] = of[node.inputs[0]]
             elif node.op == "full" and not node.shape and node.dtype.startswith("i"):
                 constants[value] = int(attrs["value"])
-            elif node.op in ("ne", "eq") and len(node.inputs) == 2 and \
+            elif node.op in ("ne", "eq", *ORDERINGS) and len(node.inputs) == 2 and \
                     node.origin.phase == "forward":  # the model's own test, not autograd's
                 # (the embedding's backward tests its indices against padding_idx -1)
                 a, b = node.inputs
-                for x, c in ((a, b), (b, a)):
-                    if x in of and c in constants and constants[c] not in found.get(of[x], ()):
-                        found[of[x]] = found.get(of[x], ()) + (constants[c],)
+                for x, c, op in ((a, b, node.op), (b, a, FLIPPED.get(node.op, node.op))):
+                    if x not in of or c not in constants:
+                        continue
+                    value = constants[c] if op in ("ne", "eq") else \
+                        _other_outcome(op, constants[c], high)
+                    if value is not None and value not in found.get(of[x], ()):
+                        found[of[x]] = found.get(of[x], ()) + (value,)
     return found
+
+
+#: ``x op c`` of an ordering, and ``c op x`` written as ``x FLIPPED[op] c``
+ORDERINGS = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal}
+FLIPPED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
+
+
+def _other_outcome(op: str, c: int, high: int) -> int | None:
+    """A value next to ``c`` outside the drawn range ``[0, high)`` for which ``x op c`` has
+    the outcome no drawn value has; ``None`` when the drawn values have both."""
+    test = ORDERINGS[op]
+    drawn = bool(test(0, c))
+    if drawn != bool(test(high - 1, c)):
+        return None
+    return next((v for v in (c, c - 1, c + 1)
+                 if not 0 <= v < high and bool(test(v, c)) != drawn), None)
 
 
 def mask_rows(ids: np.ndarray, values: tuple[int, ...], high: int) -> np.ndarray:

@@ -400,6 +400,34 @@ def test_a_mask_tested_against_any_constant_is_drawn_masked(tmp_path: Path, test
     assert simulate_file(right).agrees
 
 
+BOOL_LM = MASK_LM.replace('"keep": ((batch, seq), torch.int64)',
+                          '"keep": ((batch, seq), torch.bool)')
+
+
+def test_a_boolean_mask_input_is_drawn_as_a_mask(tmp_path: Path) -> None:
+    """Session 19: a boolean input (`keep`, a loss mask) was drawn as floats; the model
+    failed on them (TVP306, "where expected condition to be a boolean tensor") though it is
+    correct. It is now true but at the positions every other mask is drawn at, so the ranks'
+    counts differ: local-mean differs (simulate, check, the oracle) and token-mean agrees."""
+    from trainverify_dsl.api import check_file
+    from trainverify_dsl.oracle import run_distributed
+    from trainverify_dsl.simulate.run import draw_bool
+
+    assert draw_bool((2, 3)).tolist() == [[True, True, True], [False, True, True]]
+    model = ("bool_lm.py", BOOL_LM.replace("TEST", "keep.flatten()"), "MaskLM")
+    wrong = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-scale 1/microbatches\nsplit keep [dp, -]", "avg")
+    assert not simulate_file(wrong).agrees
+    assert check_file(wrong, cache=False).verdict == "counterexample"
+    assert not run_distributed(wrong).agrees
+    right = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-reduction token-mean\nsplit keep [dp, -]", "sum")
+    assert simulate_file(right).agrees
+    verdict = check_file(right, cache=False)
+    assert verdict.verdict == "verified", verdict.reason
+    assert any("boolean inputs" in a and "keep" in a for a in verdict.assumptions)
+
+
 def test_token_mean_over_torchs_cross_entropy_is_verified(tmp_path: Path) -> None:
     """nll_loss's token count is a sum of constants the known labels pick: on symbols it is
     a constant term, not a Python int (it was an internal error, "the token count is not a

@@ -851,6 +851,6 @@ def _assumptions(pair: Any) -> list[str]:
         out.append(reduction)
     if pair.known:
         names = ", ".join(sorted(pair.known))
-        out.append(f"integer inputs take one drawn value each ({names}): the proof holds for "
-                   "those token ids, labels and masks, not for every value")
+        out.append(f"integer and boolean inputs take one drawn value each ({names}): the proof "
+                   "holds for those token ids, labels and masks, not for every value")
     return out

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from trainverify_dsl.plan.model import Optimizer
-from trainverify_dsl.simulate.run import input_masks, mask_rows, model_vocab
+from trainverify_dsl.simulate.run import draw_bool, input_masks, mask_rows, model_vocab
 from trainverify_dsl.spec.float64 import Float64
 
 #: torch.optim's state tensors per optimizer kind (SGD without momentum keeps none; with
@@ -49,6 +49,8 @@ def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dt
     for name, (shape, dtype) in inputs.items():
         if dtype.is_floating_point:
             values[name] = rng.normal(0.0, 1.0, size=tuple(shape))
+        elif dtype == torch.bool:
+            values[name] = draw_bool(tuple(shape))
         else:
             values[name] = rng.integers(0, vocab, size=tuple(shape))
     if masked is None:

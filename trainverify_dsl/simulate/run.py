@@ -108,6 +108,8 @@ def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Gener
         shape = g.type.shape
         if g.kind == "buffer":
             values[g.name] = buffers[g.name]
+        elif g.type.dtype == "bool":
+            values[g.name] = draw_bool(shape)
         elif g.type.dtype.startswith("i"):
             values[g.name] = rng.integers(0, vocab or 2, size=shape)
             if g.name in masked:
@@ -242,6 +244,14 @@ def mask_rows(ids: np.ndarray, values: tuple[int, ...], high: int) -> np.ndarray
         for k, value in enumerate(values):
             rows[1:, min(k, out.shape[-1] - 2)] = value
     return out
+
+
+def draw_bool(shape: tuple[int, ...]) -> np.ndarray:
+    """A boolean input (a mask the model counts or selects with): true but where
+    ``mask_rows`` masks, so every split of its rows or positions into equal contiguous blocks
+    holds a different number of true entries. (Drawn as floats, every entry was nonzero:
+    the model failed on a float condition, or a count was the full one everywhere.)"""
+    return mask_rows(np.ones(shape, dtype=np.int64), (0,), 2).astype(bool)
 
 
 def model_vocab(model: torch.nn.Module) -> int | None:

@@ -428,6 +428,51 @@ def test_a_boolean_mask_input_is_drawn_as_a_mask(tmp_path: Path) -> None:
     assert any("boolean inputs" in a and "keep" in a for a in verdict.assumptions)
 
 
+POS_LM = '''import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class PosLM(nn.Module):
+    """Hugging Face's way: positions are an input, indexing a table of 8 rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(32, 8)
+        self.pos = nn.Embedding(8, 8)
+        self.head = nn.Linear(8, 32, bias=False)
+
+    def input_specs(self, batch, seq):
+        return {"ids": ((batch, seq), torch.int64), "y_true": ((batch, seq), torch.int64),
+                "position_ids": ((batch, seq), torch.int64)}
+
+    def forward(self, ids, y_true, position_ids):
+        logits = self.head(torch.tanh(self.tok(ids) + self.pos(position_ids)))
+        return F.cross_entropy(logits.flatten(0, 1), y_true.flatten())
+'''
+
+
+def test_an_integer_input_is_drawn_in_range_of_the_table_it_indexes(tmp_path: Path) -> None:
+    """Session 19: a `position_ids` input indexing a position table of 8 rows was drawn up to
+    the vocabulary of 32: `tvp simulate` ended in an internal IndexError, `tvp run-distributed`
+    in a traceback. Each integer input is now drawn below the fewest rows it indexes."""
+    from trainverify_dsl.api import build_programs, check_file
+    from trainverify_dsl.oracle import run_distributed
+    from trainverify_dsl.simulate.run import input_ranges
+
+    model = ("pos_lm.py", POS_LM, "PosLM")
+    right = own_model_plan(tmp_path, model, "batch 4 seq 8", ("ids", "y_true"),
+                           "loss-reduction token-mean\nsplit position_ids [dp, -]", "sum")
+    assert input_ranges(build_programs(right).spec.program, 32) == \
+        {"ids": 32, "y_true": 32, "position_ids": 8}
+    assert simulate_file(right).agrees
+    assert check_file(right, cache=False).verdict == "verified"
+    wrong = own_model_plan(tmp_path, model, "batch 4 seq 8", ("ids", "y_true"),
+                           "loss-scale 1/microbatches\nsplit position_ids [dp, -]", "avg")
+    assert not simulate_file(wrong).agrees
+    assert not run_distributed(wrong).agrees
+
+
 def test_token_mean_over_torchs_cross_entropy_is_verified(tmp_path: Path) -> None:
     """nll_loss's token count is a sum of constants the known labels pick: on symbols it is
     a constant term, not a Python int (it was an internal error, "the token count is not a

@@ -379,17 +379,20 @@ def _masked_loss_hint(result: SimulationResult, program: ParallelProgram, refere
     the reading says why each rank's count is its own, and what states the token mean."""
     from dataclasses import replace as renew
 
-    from trainverify_dsl.simulate.run import input_masks, model_vocab
+    from trainverify_dsl.simulate.run import input_masks, input_ranges, model_vocab
 
     first = result.first
     if result.agrees or first is None or first.tensor != "loss" or result.reading is None \
             or program.loss.mode != "local-mean":
         return result
-    masked = input_masks(model, reference.program, model_vocab(model) or 2)
+    ranges = input_ranges(reference.program, model_vocab(model) or 2)
+    masked = [f"`{name}` at {' and '.join(str(v) for v in values)}" for name, values in
+              sorted(input_masks(model, reference.program, ranges).items())]
+    masked += [f"`{g.name}` false at some positions" for g in reference.program.inputs
+               if g.kind == "data" and g.type.dtype == "bool"]
     if not masked:
         return result
-    inputs = ", ".join(f"`{name}` at {' and '.join(str(v) for v in values)}"
-                       for name, values in sorted(masked.items()))
+    inputs = ", ".join(masked)
     result.reading = renew(result.reading, text=(
         f"{result.reading.text}; the inputs were drawn masked ({inputs}: masked positions do "
         "not count), so under the default `loss-reduction local-mean` each rank divides by "

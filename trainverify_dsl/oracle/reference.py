@@ -29,15 +29,16 @@ STATES = {"sgd": (), "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "ex
 
 def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dtype]],
                 optimizer: Optimizer | None, seed: int,
-                masked: Mapping[str, tuple[int, ...]] | None = None
-                ) -> dict[str, np.ndarray]:
+                masked: Mapping[str, tuple[int, ...]] | None = None,
+                ranges: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     """Parameters ~ N(0, 0.5²), Adam's first moment ~ N(0, 0.1²) and second moment
     ~ U(0.01, 0.1) (positive), real inputs ~ N(0, 1), integer inputs (token ids) uniform in the
     vocabulary (the first embedding table's rows), buffers as the model built them. An input
     of ``masked`` (default: those the model names in ``masked_inputs()``; ``tvp simulate``'s
     ``input_masks`` adds the constants the traced step tests them against) has the first
     position of every row but the first set to the masking value (``mask_rows``: the
-    pattern ``tvp simulate`` draws)."""
+    pattern ``tvp simulate`` draws). ``ranges``: an integer input's range when it is not
+    the vocabulary (``simulate.run.input_ranges``)."""
     rng = np.random.default_rng(seed)
     values: dict[str, np.ndarray] = {}
     for name, p in model.named_parameters():
@@ -52,12 +53,13 @@ def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dt
         elif dtype == torch.bool:
             values[name] = draw_bool(tuple(shape))
         else:
-            values[name] = rng.integers(0, vocab, size=tuple(shape))
+            values[name] = rng.integers(0, (ranges or {}).get(name, vocab), size=tuple(shape))
     if masked is None:
         masked = input_masks(model, None, vocab)
     for name, ignore in masked.items():
-        if name in inputs and not inputs[name][1].is_floating_point:
-            values[name] = mask_rows(values[name], ignore, vocab)
+        if name in inputs and not inputs[name][1].is_floating_point and \
+                inputs[name][1] != torch.bool:
+            values[name] = mask_rows(values[name], ignore, (ranges or {}).get(name, vocab))
     for state in STATES[optimizer.kind] if optimizer else ():
         for name, p in model.named_parameters():
             if state == "exp_avg":

@@ -128,7 +128,7 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float,
         raise OracleError(f"{path}: the plan's optimizer ({plan.optimizer.kind}) is not the "
                           f"spec's ({plan.spec_optimizer.kind}); `tvp lint` reports it (TVP280)")
     values = draw_values(setup.real_model, setup.input_specs, plan.optimizer, seed,
-                         _input_masks(setup, plan))
+                         *_input_draws(setup, plan))
     # the reference is the single-device step: the spec's own optimizer recipe
     reference = reference_step(setup.real_model, values, list(setup.input_specs),
                                plan.spec_optimizer)
@@ -137,18 +137,21 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float,
     return RankJob(lowered, values, reference, folder, seed, FLOOR * magnitude, timeout)
 
 
-def _input_masks(setup: Any, plan: Any) -> dict[str, tuple[int, ...]]:
-    """The integer inputs drawn masked, as ``tvp simulate`` draws them: those the model
-    declares and those the single-device step tests against a constant (a label's
-    ``ignore_index``, a 0/1 mask), read from the traced step, so a model need not declare
-    ``masked_inputs()`` (a plan dividing each rank's loss by its own count agreed here
-    while ``tvp simulate`` differed)."""
+def _input_draws(setup: Any, plan: Any
+                 ) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    """The integer inputs drawn masked and every integer input's range, as ``tvp simulate``
+    draws them: masked where the model declares it and where the single-device step tests
+    against a constant (a label's ``ignore_index``, a 0/1 mask), read from the traced step,
+    so a model need not declare ``masked_inputs()`` (a plan dividing each rank's loss by its
+    own count agreed here while ``tvp simulate`` differed); in range of the tables they index
+    (``input_ranges``: a ``position_ids`` input was drawn up to the vocabulary)."""
     from trainverify_dsl.api import spec_optimizer
-    from trainverify_dsl.simulate.run import input_masks, model_vocab
+    from trainverify_dsl.simulate.run import input_masks, input_ranges, model_vocab
     from trainverify_dsl.spec.trace import trace_training_step
 
     spec = trace_training_step(setup.fake_model, setup.input_specs, spec_optimizer(plan))
-    return input_masks(setup.real_model, spec.program, model_vocab(setup.real_model) or 2)
+    ranges = input_ranges(spec.program, model_vocab(setup.real_model) or 2)
+    return input_masks(setup.real_model, spec.program, ranges), ranges
 
 
 def _refuse_partial_embedding_groups(path: Path, lowered: Any) -> None:

@@ -101,8 +101,9 @@ def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Gener
     never drawn (``inferred_masks``), has some entries masked (``mask_rows``)."""
     buffers = {n: b.detach().cpu().double().numpy() if b.is_floating_point() else
                b.detach().cpu().numpy() for n, b in model.named_buffers()}
-    vocab = model_vocab(model)
-    masked = input_masks(model, program, vocab or 2)
+    vocab = model_vocab(model) or 2
+    ranges = input_ranges(program, vocab) if program is not None else {}
+    masked = input_masks(model, program, ranges or vocab)
     values: dict[str, np.ndarray] = {}
     for g in spec_inputs:
         shape = g.type.shape
@@ -111,9 +112,10 @@ def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Gener
         elif g.type.dtype == "bool":
             values[g.name] = draw_bool(shape)
         elif g.type.dtype.startswith("i"):
-            values[g.name] = rng.integers(0, vocab or 2, size=shape)
+            high = ranges.get(g.name, vocab)
+            values[g.name] = rng.integers(0, high, size=shape)
             if g.name in masked:
-                values[g.name] = mask_rows(values[g.name], masked[g.name], vocab or 2)
+                values[g.name] = mask_rows(values[g.name], masked[g.name], high)
         elif g.kind == "state" and g.name.startswith("v("):
             values[g.name] = rng.uniform(0.1, 1.0, size=shape)
         else:
@@ -144,8 +146,34 @@ def small_values(values: Mapping[str, np.ndarray], buffers: set[str],
     return out
 
 
-def input_masks(model: torch.nn.Module, program: Program | None, high: int
-                ) -> dict[str, tuple[int, ...]]:
+def input_ranges(program: Program, default: int) -> dict[str, int]:
+    """Every integer data input's drawn range ``[0, high)``: the fewest rows of any table it
+    indexes in the step (``embedding``, ``gather``, ``index_select``, through reshapes), else
+    ``default`` (the first embedding's vocabulary). A ``position_ids`` input indexing a
+    position table of 8 rows was drawn up to the vocabulary (an internal IndexError)."""
+    data = {g.name for g in program.inputs if g.kind == "data" and g.type.dtype.startswith("i")}
+    found = dict.fromkeys(data, default)
+    seen: dict[str, int] = {}
+    table = dict(program.graphs)
+    for call in program.calls:
+        graph = table[call.graph]
+        of: dict[int, str] = {i: arg for i, arg in enumerate(call.args) if arg in data}
+        shapes = [g.type.shape for g in graph.inputs] + [n.shape for n in graph.nodes]
+        for k, node in enumerate(graph.nodes):
+            value = len(graph.inputs) + k
+            if OPS[node.op].group == "view" and node.inputs and node.inputs[0] in of:
+                of[value] = of[node.inputs[0]]
+            elif node.op in ("embedding", "gather", "index_select") and \
+                    len(node.inputs) == 2 and node.inputs[1] in of:
+                source = shapes[node.inputs[0]]
+                rows = source[0 if node.op == "embedding" else node.attr_map()["dim"]]
+                name = of[node.inputs[1]]
+                seen[name] = min(seen.get(name, rows), rows)
+    return {**found, **{name: max(1, rows) for name, rows in seen.items()}}
+
+
+def input_masks(model: torch.nn.Module, program: Program | None,
+                high: int | Mapping[str, int]) -> dict[str, tuple[int, ...]]:
     """Input name -> the values masking it: the model's ``masked_inputs()``, then the
     constants the reference step ``program`` tests it against (``inferred_masks``)."""
     masked = {name: (int(value),) for name, value in
@@ -155,7 +183,8 @@ def input_masks(model: torch.nn.Module, program: Program | None, high: int
     return masked
 
 
-def inferred_masks(program: Program, high: int) -> dict[str, tuple[int, ...]]:
+def inferred_masks(program: Program, high: int | Mapping[str, int]
+                   ) -> dict[str, tuple[int, ...]]:
     """Integer data inputs the step's forward tests for equality (``eq``, ``ne``, through
     reshapes) with a constant, and the constants: ``labels != -100`` of torch's
     ``cross_entropy`` (its ``ignore_index`` is -100 whether the model writes it or not),
@@ -191,8 +220,9 @@ def inferred_masks(program: Program, high: int) -> dict[str, tuple[int, ...]]:
                 for x, c, op in ((a, b, node.op), (b, a, FLIPPED.get(node.op, node.op))):
                     if x not in of or c not in constants:
                         continue
+                    drawn = high if isinstance(high, int) else high.get(of[x], 2)
                     value = constants[c] if op in ("ne", "eq") else \
-                        _other_outcome(op, constants[c], high)
+                        _other_outcome(op, constants[c], drawn)
                     if value is not None and value not in found.get(of[x], ()):
                         found[of[x]] = found.get(of[x], ()) + (value,)
     return found

@@ -202,6 +202,9 @@ class _Lowering:
         self.stage_of: dict[torch.fx.Node, int | None] = {}
         self.findings: list[Finding] = []
         self.lineages: dict[str, TLayout] = {}
+        #: the statements answering for a partial sum: a collective that let it through
+        #: unreduced, or the cause a finding on it already stands at (``_sum_blame``)
+        self.settled: set[Any] = set()
         self.stage = 0
         self.current: torch.fx.Node | None = None
         self.current_cause: Any = None
@@ -251,6 +254,8 @@ class _Lowering:
     def finding(self, code: Code, message: str, layout: TLayout | None = None) -> None:
         span = layout.cause if layout is not None and layout.cause is not None else \
             self.current_cause
+        if layout is not None and layout.partial and layout.cause is not None:
+            self.settled.add(layout.cause)  # the sum is blamed there from now on
         self.findings.append(Finding(code, message, span, self._where()))
 
     def adapt(self, value: Any, lay: TLayout, target: TLayout) -> _New:
@@ -649,14 +654,15 @@ class _Lowering:
             raise LoweringError(Finding(codes_lower.LAYOUT_MISMATCH,
                                         f"{st.kind} {point} over {', '.join(axes)}: {error}",
                                         span, point)) from None
+        cause, sum_span = self._sum_blame(st, lay, new_lay)
+        # what is wrong with a sum another statement let through stands at that statement
+        own = problems if sum_span == span else \
+            layout_after(st.kind, op, axes, dim, dim2, lay.with_partial(None), self.sizes)[1]
         for message in problems:
             self.findings.append(Finding(codes_lower.COLLECTIVE_MISMATCH,
                                          f"{st.kind} {point} over {', '.join(axes)}: "
-                                         f"{message}", span, point))
-        # a partial sum that a reduction leaves partial is blamed on that reduction (over the
-        # wrong axis, or too few): it is where the plan decided what to add up
-        cause = st.origin if new_lay.partial and kind in ("all_reduce", "reduce_scatter") \
-            else new_lay.cause
+                                         f"{message}", span if message in own else sum_span,
+                                         point))
         new_lay = TLayout(new_lay.dims, new_lay.partial, new_lay.const,
                           cause if new_lay.partial else None)
         try:
@@ -669,6 +675,27 @@ class _Lowering:
         if got != tuple(new_lay.local_shape(self.sizes)):
             new_lay = _opaque(out.meta["val"].shape)
         return out, new_lay
+
+    def _sum_blame(self, st: Collective, lay: TLayout, new_lay: TLayout) -> tuple[Any, Any]:
+        """Who answers for a partial sum at collective ``st``: ``(the cause the sum leaves
+        with, where the problems the sum causes here stand)``.
+
+        A sum is blamed, from the first collective that leaves it partial while acting on it,
+        on that collective: a reduction (over the wrong axis, or too few), or a scatter, gather
+        or copy over an axis of the sum where its reduction belongs. That statement decided
+        what to do with the sum, not the split that made it. Once the sum is blamed somewhere
+        (on such a collective, or where a finding of an op on it stands), a later collective
+        receiving it is not blamed for it, nor for what it finds wrong with it: those findings
+        stand where the others on the sum do."""
+        if lay.partial is not None and lay.cause in self.settled:
+            return (lay.cause if new_lay.partial else None), lay.cause
+        passes = new_lay.partial is not None and (
+            kind_of(st.kind) in ("all_reduce", "reduce_scatter")
+            or bool(set(st.axes) & set(new_lay.partial[1])))
+        if not passes:
+            return new_lay.cause, st.origin
+        self.settled.add(st.origin)
+        return st.origin, st.origin
 
     # -- outputs --------------------------------------------------------------------------
 

@@ -252,8 +252,12 @@ def claimed_layout(claim: Layout, derived: TLayout, sizes: Mapping[str, int]) ->
 
 
 def _lineages(lowered: Lowered) -> tuple[Lineage, ...]:
-    """Each marked point's lineage, with the statement that made it: the last collective at
-    the point, else the algorithm computing the module's output, else none."""
+    """Each marked point's lineage, with the statement that made it: the algorithm computing
+    the module's output, else the last collective at the point, else none. An algorithm comes
+    first: the collectives after it at the point are exact on its value (each one's layout
+    rule finds every way it could leave the derived lineage, TVP406), so a difference there
+    was already in the algorithm's value (Rule 7.2: heads split over tp, the context-parallel
+    attention's output is all-reduced at the point)."""
     computed_by = {f"{path}.out": alg.origin for alg, paths in lowered.binding.algorithms
                    for path in paths if path != "loss"}
     named = lowered.binding.marked_modules()  # not the boundaries only the checker marked
@@ -262,8 +266,8 @@ def _lineages(lowered: Lowered) -> tuple[Lineage, ...]:
         if point != "loss" and module_of(point) not in named:
             continue
         statements = lowered.binding.collectives_at(point)
-        origin = source_of(statements[-1].origin) if statements else \
-            source_of(computed_by[point]) if point in computed_by else Source(None)
+        origin = source_of(computed_by[point]) if point in computed_by else \
+            source_of(statements[-1].origin) if statements else Source(None)
         out.append(Lineage(point, lay, origin))
     return tuple(out)
 

@@ -396,3 +396,29 @@ def test_a_near_tie_at_the_witness_is_unsupported() -> None:
     out = evaluate_graph(graph, {"x0": variables("x0", (1, 3))},
                          SymbolicDomain(_witness("x0", drawn)))["out"]
     assert out.tolist() == [[0]]
+
+
+@pytest.mark.parametrize(("dtype", "op", "values", "want"), [
+    ("i64", "avg", [np.array([1, 4]), np.array([2, 7])], [1, 5]),  # truncated, as numpy casts
+    ("i64", "sum", [np.array([1, 4]), np.array([2, 7])], [3, 11]),
+    ("bool", "sum", [np.array([True, False]), np.array([True, True])], [True, True]),
+])
+def test_a_collective_on_known_integers_means_what_it_means_numerically(
+        dtype: str, op: str, values: list[np.ndarray], want: list[object]) -> None:
+    """Session 19 audit: on integers or booleans the symbolic domain reduced to exact
+    rationals (3/2, 11/2; a boolean sum of 2) while the numeric domain casts back to the
+    dtype: one IR program, two meanings. Both now give the numeric one."""
+    from trainverify_dsl.ir.interp import NUMERIC, evaluate_spmd
+
+    b = GraphBuilder()
+    x = b.add_input("x", "data", TensorType((2,), dtype))
+    y = b.add("all_reduce", (x,), {"axis": "dp", "group_size": 2, "op": op},
+              TensorType((2,), dtype))
+    b.add_output("y", y)
+    graph = b.build()
+    feeds = [{"x": v} for v in values]
+    numeric = evaluate_spmd(graph, feeds, None, NUMERIC)
+    symbolic = evaluate_spmd(graph, feeds, None, SymbolicDomain())
+    for rank in range(2):
+        assert numeric[rank]["y"].tolist() == want
+        assert np.asarray(symbolic[rank]["y"]).tolist() == want

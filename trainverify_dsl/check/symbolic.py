@@ -26,7 +26,7 @@ import numpy as np
 from trainverify_dsl.check import terms as t
 from trainverify_dsl.check.terms import INF, NEG_INF, Inf, NonReal, Poly
 from trainverify_dsl.ir.graph import Node
-from trainverify_dsl.ir.interp import Domain
+from trainverify_dsl.ir.interp import NUMERIC, Domain
 from trainverify_dsl.ir.ops import OPS, norm_dim
 from trainverify_dsl.ir.ops import _gelu as _gelu_numeric
 from trainverify_dsl.ir.types import TensorType, is_float
@@ -574,6 +574,13 @@ class SymbolicDomain(Domain):
         if len(per_rank) != attrs["group_size"]:
             raise ValueError(f"collective over {attrs['group_size']} ranks got "
                              f"{len(per_rank)} arrays")
+        arrays = [np.asarray(a) for args in per_rank for a in args]
+        if arrays and all(a.dtype.kind in "biu" for a in arrays):
+            # known integers or booleans (token counts, masks): the numeric meaning, cast back
+            # to their dtype as the numeric domain does (an integer `avg` truncates, a boolean
+            # `sum` is an or), not exact rationals
+            outs = NUMERIC.collective(op, per_rank, attrs)
+            return [np.asarray(out).astype(arrays[0].dtype, copy=False) for out in outs]
         if op == "all_reduce":
             total = _combine(per_rank, attrs["op"])
             return [total for _ in per_rank]

@@ -473,6 +473,55 @@ def test_an_integer_input_is_drawn_in_range_of_the_table_it_indexes(tmp_path: Pa
     assert not run_distributed(wrong).agrees
 
 
+LENGTHS_LM = '''import torch
+from torch import nn
+
+
+class LenLM(nn.Module):
+    """Positions past each sequence's length do not count (a mask built from an input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(32, 8)
+        self.head = nn.Linear(8, 32, bias=False)
+
+    def input_specs(self, batch, seq):
+        return {"ids": ((batch, seq), torch.int64), "y_true": ((batch, seq), torch.int64),
+                "lengths": ((batch,), torch.int64)}
+
+    def forward(self, ids, y_true, lengths):
+        logits = self.head(torch.tanh(self.emb(ids)))
+        counted = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
+        nll = -torch.log_softmax(logits, -1).gather(-1, y_true.unsqueeze(-1)).squeeze(-1)
+        return torch.where(counted, nll, torch.zeros_like(nll)).sum() / counted.sum()
+'''
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_local_means_of_a_token_count_are_never_verified(tmp_path: Path, seed: int) -> None:
+    """Session 19: a mask built from a `lengths` input (`arange(seq) < lengths`) is no test
+    against a constant, so the drawn lengths (up to the vocabulary, past the sequence) counted
+    every token at seeds 1 and 2: the default local mean (each rank dividing by its own
+    count) was verified. Whatever the draw, a local mean of a loss divided by a token count
+    of split data is now inconclusive, saying why and what to state; token-mean is
+    verified."""
+    from trainverify_dsl.api import check_file
+
+    model = ("len_lm.py", LENGTHS_LM, "LenLM")
+    wrong = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-scale 1/microbatches\nsplit lengths [dp]", "avg")
+    verdict = check_file(wrong, seed=seed, cache=False)
+    assert verdict.verdict in ("counterexample", "inconclusive"), verdict.reason
+    if verdict.verdict == "inconclusive":
+        assert "each divide by their own" in verdict.reason
+        assert "along the microbatches and dp" in verdict.reason
+        assert "state `loss-reduction token-mean`" in verdict.reason
+    right = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-reduction token-mean\nsplit lengths [dp]", "sum")
+    verdict = check_file(right, seed=seed, cache=False)
+    assert verdict.verdict == "verified", verdict.reason
+
+
 def test_token_mean_over_torchs_cross_entropy_is_verified(tmp_path: Path) -> None:
     """nll_loss's token count is a sum of constants the known labels pick: on symbols it is
     a constant term, not a Python int (it was an internal error, "the token count is not a

@@ -793,7 +793,7 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
         VERIFIED,
     )
 
-    unreduced = reduce.problem(pair)
+    unreduced = reduce.problem(pair) or _local_counts(pair.program)
     if unreduced is not None:
         verdict.verdict, verdict.reason = INCONCLUSIVE, unreduced
         verdict.assumptions = list(BASE_ASSUMPTIONS) + _assumptions(pair)
@@ -843,6 +843,23 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
     else:
         verdict.verdict, verdict.reason = INCONCLUSIVE, proof.reason
         verdict.open = proof.open[:50]
+
+
+def _local_counts(program: Any) -> str | None:
+    """Why a ``local-mean`` over a token count of split data is never verified: each block
+    divides by its own count, the spec by the step's; they agree only for inputs where the
+    blocks count the same tokens (those drawn did: the numeric pre-check passed), so a proof
+    holds for the drawn masks alone (docs/semantics.md §4.3)."""
+    from trainverify_dsl.ir.layout import MICROBATCH_AXIS
+
+    axes = ["the microbatches" if a == MICROBATCH_AXIS else a for a in program.loss.local_counts]
+    if not axes:
+        return None
+    return (f"the spec's loss divides by a token count of the data, and under the default "
+            f"`loss-reduction local-mean` the blocks along {' and '.join(axes)} each divide by "
+            "their own: equal to the spec's loss only where every block counts the same "
+            "tokens, as the drawn inputs do (not every input); state `loss-reduction "
+            "token-mean` for the step's count")
 
 
 def _assumptions(pair: Any) -> list[str]:

@@ -213,6 +213,10 @@ class LossReduction:
     #: ``token-mean``: the loss stage's local token count, from inputs of that stage (by
     #: name) to one output ``count``
     count: Graph | None = None
+    #: ``local-mean`` of a loss divided by a token count of the data: the axes (and ``@mb``)
+    #: whose blocks each divide by their own count, equal to the spec's loss only for inputs
+    #: where every block counts the same tokens (``tvp check`` never proves it, §4.3)
+    local_counts: tuple[str, ...] = ()
 
     @property
     def summed(self) -> tuple[str, ...]:

@@ -194,6 +194,8 @@ def normalise(lw: Any, numerator: torch.fx.Node, count: torch.fx.Node | int,
     reduction = plan.loss_reduction
     scalar = TLayout(())
     if mode == "local-mean":
+        if axes and not isinstance(count, int):  # a count of the data, split: each its own
+            lw.local_counts = tuple(axes)
         out = lw.emit(aten.div.Tensor, (numerator, count))
         return out, scalar.with_partial(("avg", axes), cause) if axes else scalar
     origin = reduction.origin

@@ -96,6 +96,9 @@ class Lowered:
     loss_count_axes: tuple[str, ...] = ()
     #: the name of each mark node -> its marked point (``layers.0.out``)
     points: dict[str, str] = field(default_factory=dict)
+    #: ``local-mean`` over a token count of split data: the axes (and ``@mb``) whose blocks
+    #: each divide by their own count (equal to the spec's loss only where the counts are)
+    local_counts: tuple[str, ...] = ()
 
     @property
     def mesh_axes(self) -> tuple[tuple[str, int], ...]:
@@ -225,6 +228,9 @@ class _Lowering:
         self.loss_root: loss_norm.Root | None = None
         #: a ``token-mean``'s local token count (a node of the loss stage) and counted axes
         self.loss_count: tuple[torch.fx.Node, tuple[str, ...]] | None = None
+        #: ``local-mean`` over a token count of split data: the axes whose blocks divide
+        #: by their own counts (``loss.normalise``)
+        self.local_counts: tuple[str, ...] = ()
         #: the normaliser the spec's loss ends in, intercepted or not (``loss.find_root``)
         self.found_root: loss_norm.Root | None = None
 
@@ -870,7 +876,7 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor],
     counted = lowering.loss_count[1] if lowering.loss_count is not None else ()
     points = {node.name: point for point, node in sorted(lowering.marks.items())}
     return Lowered(plan, binding, sizes, stages, lowering.lineages, findings,
-                   routes, counted, points)
+                   routes, counted, points, lowering.local_counts)
 
 
 def _pipeline_copies(lowering: _Lowering) -> dict[str, tuple[int, Span | None]]:

@@ -107,7 +107,7 @@ def _loss(lowered: Lowered, graphs: list[Graph]) -> LossReduction:
         _span_source(binding.loss_span())
     data = tuple(sorted(binding.data_axes()))
     if reduction is None or reduction.mode == "local-mean":
-        return LossReduction(data, origin)
+        return LossReduction(data, origin, local_counts=lowered.local_counts)
     if reduction.mode == "sum":
         return LossReduction(data, origin, "sum")
     counted = lowered.loss_count_axes

@@ -522,6 +522,20 @@ def test_local_means_of_a_token_count_are_never_verified(tmp_path: Path, seed: i
     assert verdict.verdict == "verified", verdict.reason
 
 
+def test_a_fixed_scale_over_a_token_count_is_never_verified(tmp_path: Path) -> None:
+    """Session 19, outside report: `loss-reduction sum scale=1/16` (a nominal count) over a
+    loss divided by the counted tokens was verified where every drawn length counted all 16
+    tokens. It is now inconclusive, saying why, unless the numbers differ."""
+    from trainverify_dsl.api import check_file
+
+    model = ("len_lm.py", LENGTHS_LM, "LenLM")
+    wrong = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-reduction sum scale=1/16\nsplit lengths [dp]", "sum")
+    verdict = check_file(wrong, seed=1, cache=False)
+    assert verdict.verdict == "inconclusive", verdict.reason
+    assert "`loss-reduction sum scale=...` divides by a fixed number" in verdict.reason
+
+
 def test_token_mean_over_torchs_cross_entropy_is_verified(tmp_path: Path) -> None:
     """nll_loss's token count is a sum of constants the known labels pick: on symbols it is
     a constant term, not a Python int (it was an internal error, "the token count is not a

@@ -852,6 +852,11 @@ def _local_counts(program: Any) -> str | None:
     holds for the drawn masks alone (docs/semantics.md §4.3)."""
     from trainverify_dsl.ir.layout import MICROBATCH_AXIS
 
+    if program.loss.fixed_count:
+        return ("the spec's loss divides by a token count of the data, and `loss-reduction sum "
+                "scale=...` divides by a fixed number: equal to the spec's loss only for inputs "
+                "counting that many tokens, as the drawn inputs do (not every input); state "
+                "`loss-reduction token-mean` for the step's count")
     axes = ["the microbatches" if a == MICROBATCH_AXIS else a for a in program.loss.local_counts]
     if not axes:
         return None

@@ -217,6 +217,9 @@ class LossReduction:
     #: whose blocks each divide by their own count, equal to the spec's loss only for inputs
     #: where every block counts the same tokens (``tvp check`` never proves it, §4.3)
     local_counts: tuple[str, ...] = ()
+    #: ``sum scale=s`` of a loss divided by a token count of the data: a fixed number where
+    #: the spec divides by the count (equal only for inputs counting 1/s tokens, §4.3)
+    fixed_count: bool = False
 
     @property
     def summed(self) -> tuple[str, ...]:

@@ -200,6 +200,8 @@ def normalise(lw: Any, numerator: torch.fx.Node, count: torch.fx.Node | int,
         return out, scalar.with_partial(("avg", axes), cause) if axes else scalar
     origin = reduction.origin
     if mode == "sum":
+        if not summed and not isinstance(count, int) and _reads_data(lw, count):
+            lw.fixed_count = True  # a fixed number where the spec divides by a data count
         out = lw.emit(aten.mul.Tensor, (numerator, float(reduction.scale)))
         return out, scalar.with_partial(("sum", axes), origin) if axes else scalar
     data = lw.binding.data_axes()
@@ -251,6 +253,22 @@ def _computed_inputs(lw: Any, node: torch.fx.Node) -> set[str]:
             found.add(n.name)
         todo.extend(n.all_input_nodes)
     return found
+
+
+def _reads_data(lw: Any, node: torch.fx.Node) -> bool:
+    """Whether ``node`` (in the loss stage's local graph) depends on a data input."""
+    kinds = {s.name: s.kind for s in lw.inputs[lw.stage]}
+    seen: set[torch.fx.Node] = set()
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder" and kinds.get(n.name) == "data":
+            return True
+        todo.extend(n.all_input_nodes)
+    return False
 
 
 def _axes_text(lay: TLayout) -> str:

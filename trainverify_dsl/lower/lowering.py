@@ -99,6 +99,8 @@ class Lowered:
     #: ``local-mean`` over a token count of split data: the axes (and ``@mb``) whose blocks
     #: each divide by their own count (equal to the spec's loss only where the counts are)
     local_counts: tuple[str, ...] = ()
+    #: ``loss-reduction sum scale=s`` where the spec divides by a token count of the data
+    fixed_count: bool = False
 
     @property
     def mesh_axes(self) -> tuple[tuple[str, int], ...]:
@@ -231,6 +233,8 @@ class _Lowering:
         #: ``local-mean`` over a token count of split data: the axes whose blocks divide
         #: by their own counts (``loss.normalise``)
         self.local_counts: tuple[str, ...] = ()
+        #: ``sum scale=s`` over a loss the spec divides by a token count of the data
+        self.fixed_count = False
         #: the normaliser the spec's loss ends in, intercepted or not (``loss.find_root``)
         self.found_root: loss_norm.Root | None = None
 
@@ -876,7 +880,7 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor],
     counted = lowering.loss_count[1] if lowering.loss_count is not None else ()
     points = {node.name: point for point, node in sorted(lowering.marks.items())}
     return Lowered(plan, binding, sizes, stages, lowering.lineages, findings,
-                   routes, counted, points, lowering.local_counts)
+                   routes, counted, points, lowering.local_counts, lowering.fixed_count)
 
 
 def _pipeline_copies(lowering: _Lowering) -> dict[str, tuple[int, Span | None]]:

@@ -109,7 +109,7 @@ def _loss(lowered: Lowered, graphs: list[Graph]) -> LossReduction:
     if reduction is None or reduction.mode == "local-mean":
         return LossReduction(data, origin, local_counts=lowered.local_counts)
     if reduction.mode == "sum":
-        return LossReduction(data, origin, "sum")
+        return LossReduction(data, origin, "sum", fixed_count=lowered.fixed_count)
     counted = lowered.loss_count_axes
     graph = next(g for g in graphs if "count" in g.output_names)
     return LossReduction(data, origin, "token-mean", counted,

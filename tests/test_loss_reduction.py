@@ -372,6 +372,7 @@ class MaskLM(nn.Module):
     ("keep.flatten() > -1", {"y_true": (-100,), "keep": (-1,)}),
     ("keep.flatten() < 0", {"y_true": (-100,), "keep": (-1,)}),
     ("keep.flatten() <= 99", {"y_true": (-100,), "keep": (100,)}),
+    ("keep.flatten().bool()", {"y_true": (-100,), "keep": (0,)}),  # a cast is `!= 0`
 ])
 def test_a_mask_tested_against_any_constant_is_drawn_masked(tmp_path: Path, test: str,
                                                             found: dict[str, int]) -> None:
@@ -426,6 +427,26 @@ def test_a_boolean_mask_input_is_drawn_as_a_mask(tmp_path: Path) -> None:
     verdict = check_file(right, cache=False)
     assert verdict.verdict == "verified", verdict.reason
     assert any("boolean inputs" in a and "keep" in a for a in verdict.assumptions)
+
+
+def test_a_uint8_mask_input_is_drawn_as_integers(tmp_path: Path) -> None:
+    """Session 19, outside report: a uint8 mask input was drawn as floats (all zero once
+    cast): the reference step divided 0 by 0 and the run ended in "no verdict". It is drawn
+    and masked as any integer input."""
+    from trainverify_dsl.api import build_programs
+    from trainverify_dsl.simulate.run import inferred_masks
+
+    source = MASK_LM.replace('"keep": ((batch, seq), torch.int64)',
+                             '"keep": ((batch, seq), torch.uint8)')
+    model = ("u8_lm.py", source.replace("TEST", "keep.flatten() != 0"), "MaskLM")
+    wrong = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-scale 1/microbatches\nsplit keep [dp, -]", "avg")
+    assert inferred_masks(build_programs(wrong).spec.program, 16) == \
+        {"y_true": (-100,), "keep": (0,)}
+    assert not simulate_file(wrong).agrees
+    right = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-reduction token-mean\nsplit keep [dp, -]", "sum")
+    assert simulate_file(right).agrees
 
 
 POS_LM = '''import torch

@@ -30,6 +30,7 @@ from trainverify_dsl.ir.execute import evaluate_parallel
 from trainverify_dsl.ir.ops import OPS
 from trainverify_dsl.ir.parallel import ParallelProgram
 from trainverify_dsl.ir.program import Program
+from trainverify_dsl.ir.types import INT_DTYPES
 from trainverify_dsl.spec import optim
 from trainverify_dsl.spec.marks import POINT, point_values
 
@@ -111,7 +112,7 @@ def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Gener
             values[g.name] = buffers[g.name]
         elif g.type.dtype == "bool":
             values[g.name] = draw_bool(shape)
-        elif g.type.dtype.startswith("i"):
+        elif g.type.dtype in INT_DTYPES:
             high = ranges.get(g.name, vocab)
             values[g.name] = rng.integers(0, high, size=shape)
             if g.name in masked:
@@ -151,7 +152,7 @@ def input_ranges(program: Program, default: int) -> dict[str, int]:
     indexes in the step (``embedding``, ``gather``, ``index_select``, through reshapes), else
     ``default`` (the first embedding's vocabulary). A ``position_ids`` input indexing a
     position table of 8 rows was drawn up to the vocabulary (an internal IndexError)."""
-    data = {g.name for g in program.inputs if g.kind == "data" and g.type.dtype.startswith("i")}
+    data = {g.name for g in program.inputs if g.kind == "data" and g.type.dtype in INT_DTYPES}
     found = dict.fromkeys(data, default)
     seen: dict[str, int] = {}
     table = dict(program.graphs)
@@ -199,7 +200,7 @@ def inferred_masks(program: Program, high: int | Mapping[str, int]
     outcome (-1 for ``labels >= 0``: unread, a model counting ``labels >= 0`` tokens had
     every token counted, and a plan dividing by its ranks' own counts was verified). An
     ordering whose constant lies inside the drawn range already has both outcomes."""
-    data = {g.name for g in program.inputs if g.kind == "data" and g.type.dtype.startswith("i")}
+    data = {g.name for g in program.inputs if g.kind == "data" and g.type.dtype in INT_DTYPES}
     found: dict[str, tuple[int, ...]] = {}
     table = dict(program.graphs)
     for call in program.calls:
@@ -211,8 +212,12 @@ def inferred_masks(program: Program, high: int | Mapping[str, int]
             attrs = node.attr_map()
             if OPS[node.op].group == "view" and node.inputs and node.inputs[0] in of:
                 of[value] = of[node.inputs[0]]
-            elif node.op == "full" and not node.shape and node.dtype.startswith("i"):
+            elif node.op == "full" and not node.shape and node.dtype in INT_DTYPES:
                 constants[value] = int(attrs["value"])
+            elif node.op == "convert" and attrs.get("dtype") == "bool" and \
+                    node.inputs[0] in of and 0 not in found.get(of[node.inputs[0]], ()):
+                # `m.bool()`: a test against 0 as `m != 0` is
+                found[of[node.inputs[0]]] = found.get(of[node.inputs[0]], ()) + (0,)
             elif node.op in ("ne", "eq", *ORDERINGS) and len(node.inputs) == 2 and \
                     node.origin.phase == "forward":  # the model's own test, not autograd's
                 # (the embedding's backward tests its indices against padding_idx -1)

@@ -507,7 +507,32 @@ RULES["aten._log_softmax"] = _along(1)
 RULES["aten.topk"] = _along(2)
 RULES["aten.sort"] = _along(1)
 RULES["aten.cumsum"] = _along(1)
-RULES["aten.argmax"] = _along(1)
+
+
+def _argmax(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Result:
+    """``argmax(x, dim=None, keepdim=False)``: the index along ``dim`` (every dimension when
+    none), that dimension kept as 1 or removed."""
+    lay = ctx.layout(args[0])
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    along = range(lay.rank) if dim is None else (_ndim(dim, lay.rank),)
+    for d in along:
+        _require_unsplit(lay, d, "an op that mixes elements")
+    if lay.partial:
+        ctx.finding(codes_lower.PARTIAL_NONLINEAR,
+                    "an op along one dimension applied to a partial sum", lay)
+    if dim is None:
+        dims: list[Any] = [(Factor(1),)] * lay.rank if keep else []
+    else:
+        dims = list(lay.dims)
+        if keep:
+            dims[along[0]] = (Factor(1),)
+        else:
+            del dims[along[0]]
+    return Result(TLayout(tuple(dims), None, lay.const), args, kwargs)
+
+
+RULES["aten.argmax"] = _argmax
 
 
 @rule("aten.gather")

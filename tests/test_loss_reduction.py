@@ -449,6 +449,26 @@ def test_a_uint8_mask_input_is_drawn_as_integers(tmp_path: Path) -> None:
     assert simulate_file(right).agrees
 
 
+def test_a_weighted_mean_under_token_mean_is_a_located_error(tmp_path: Path) -> None:
+    """Session 19, outside report: `(nll * w).sum() / w.sum()` with float weights under
+    token-mean passed the layout pass and then ended in an internal error ("the token count
+    is not a known integer"). A count of float data is TVP414 at the `loss-reduction` line."""
+    from trainverify_dsl.api import layout_diagnostics
+
+    source = MASK_LM.replace('"keep": ((batch, seq), torch.int64)',
+                             '"keep": ((batch, seq), torch.float64)').replace(
+        "return torch.where(counted, nll, torch.zeros_like(nll)).sum() / counted.sum()",
+        "return (nll * keep.flatten()).sum() / keep.flatten().sum()")
+    model = ("w_lm.py", source.replace("TEST", "None"), "MaskLM")
+    path = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                          "loss-reduction token-mean\nsplit keep [dp, -]", "sum")
+    found = [(d.code.id, d.span.line, d.message) for d in layout_diagnostics(path)]
+    assert [(code, line) for code, line, _ in found] == [("TVP414", 6)], found
+    assert "float input `keep`" in found[0][2]
+    with pytest.raises(SimulationSetupError):
+        simulate_file(path)
+
+
 POS_LM = '''import torch
 import torch.nn.functional as F
 from torch import nn

@@ -228,6 +228,15 @@ def normalise(lw: Any, numerator: torch.fx.Node, count: torch.fx.Node | int,
 def _check_count(lw: Any, count: torch.fx.Node) -> None:
     """A step-wide count exists before the first microbatch only when the local count is
     computed from the model inputs alone (Rule 4.5)."""
+    floats = _float_data(lw, count)
+    if floats:
+        raise LoweringError(Finding(
+            codes_lower.LOSS_REDUCTION_MISMATCH,
+            "`loss-reduction token-mean`: the loss's count depends on the float input "
+            f"{', '.join(sorted(floats))}, not on integer or boolean data alone: a token count "
+            "counts positions (labels, masks), so it is an integer (a weighted mean is not "
+            "one; docs/semantics.md Rule 4.5)",
+            lw.plan.loss_reduction.origin, "loss"))
     reads = _computed_inputs(lw, count)
     if reads:
         raise LoweringError(Finding(
@@ -251,6 +260,25 @@ def _computed_inputs(lw: Any, node: torch.fx.Node) -> set[str]:
         seen.add(n)
         if n.op == "placeholder" and kinds.get(n.name) not in ("data", "buffer", "coord"):
             found.add(n.name)
+        todo.extend(n.all_input_nodes)
+    return found
+
+
+def _float_data(lw: Any, node: torch.fx.Node) -> set[str]:
+    """The floating-point data inputs ``node`` (in the loss stage's local graph) depends on,
+    by their spec names."""
+    slots = {s.name: s for s in lw.inputs[lw.stage]}
+    seen: set[torch.fx.Node] = set()
+    todo, found = [node], set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        slot = slots.get(n.name) if n.op == "placeholder" else None
+        if slot is not None and slot.kind == "data" and "val" in n.meta and \
+                n.meta["val"].is_floating_point():
+            found.add(f"`{slot.spec}`")
         todo.extend(n.all_input_nodes)
     return found
 

@@ -115,8 +115,8 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float,
                           "simulate`)")
     if plan.loss_reduction is not None and plan.loss_reduction.mode != "local-mean":
         raise OracleError(f"{path}: `loss-reduction {plan.loss_reduction.mode}` is not run by "
-                          "the oracle (it divides every local loss by the rank's own count; use "
-                          "`tvp simulate`)")
+                          "the oracle (its ranks run the default local mean, each dividing its "
+                          "loss by its own count, not the plan's reduction; use `tvp simulate`)")
     setup = prepare(path, allow_model_outside_root=allow_model_outside_root)
     assert setup.real_model is not None
     lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)

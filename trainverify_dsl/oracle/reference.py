@@ -111,12 +111,12 @@ def reference_step(model: torch.nn.Module, values: Mapping[str, np.ndarray],
     with Float64():  # a cast the model writes stays float64, as on the ranks
         loss = net(*args)
         loss.backward()
-    named = dict(net.named_parameters())
+    # a parameter the loss does not use has no gradient and no update (torch's optimizers
+    # skip it), as no rank holds one
+    named = {n: p for n, p in net.named_parameters() if p.grad is not None}
     out = {"loss": loss.detach().numpy().copy()}
     for name, p in named.items():
-        grad = p.grad if p.grad is not None else torch.zeros_like(p)
-        p.grad = grad
-        out[f"grad({name})"] = grad.numpy().copy()
+        out[f"grad({name})"] = p.grad.numpy().copy()
     if optimizer is not None:
         if optimizer.clip is not None:  # the recipe's clip_grad_norm_ (docs/semantics.md §6.3)
             torch.nn.utils.clip_grad_norm_(list(named.values()), float(optimizer.clip),

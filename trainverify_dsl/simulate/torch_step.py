@@ -91,11 +91,11 @@ def torch_step(model: torch.nn.Module, values: Mapping[str, np.ndarray], data: S
     finally:
         for handle in handles:
             handle.remove()
-    named = dict(net.named_parameters())
+    # a parameter the loss does not use has no gradient, and torch's optimizers skip it: no
+    # `grad(p)` and no update, as in the reference IR (``spec.optim.append_optimizer``)
+    named = {n: p for n, p in net.named_parameters() if p.grad is not None}
     out["loss"] = loss.detach().numpy().copy()
     for name, p in named.items():
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
         out[f"grad({name})"] = p.grad.numpy().copy()
     if opt is None:
         return out

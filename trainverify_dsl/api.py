@@ -793,7 +793,7 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
         VERIFIED,
     )
 
-    unreduced = reduce.problem(pair) or _local_counts(pair.program)
+    unreduced = reduce.problem(pair) or _data_counts(pair.program)
     if unreduced is not None:
         verdict.verdict, verdict.reason = INCONCLUSIVE, unreduced
         verdict.assumptions = list(BASE_ASSUMPTIONS) + _assumptions(pair)
@@ -845,11 +845,12 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
         verdict.open = proof.open[:50]
 
 
-def _local_counts(program: Any) -> str | None:
-    """Why a ``local-mean`` over a token count of split data is never verified: each block
-    divides by its own count, the spec by the step's; they agree only for inputs where the
-    blocks count the same tokens (those drawn did: the numeric pre-check passed), so a proof
-    holds for the drawn masks alone (docs/semantics.md §4.3)."""
+def _data_counts(program: Any) -> str | None:
+    """Why a loss the spec divides by a token count of the data is never verified under
+    ``local-mean`` over split data (each block divides by its own count) or ``sum scale=s``
+    (a fixed number): they equal the spec's loss only for inputs whose counts match (those
+    drawn did: the numeric pre-check passed), so a proof would hold for the drawn masks
+    alone (docs/semantics.md §4.3)."""
     from trainverify_dsl.ir.layout import MICROBATCH_AXIS
 
     if program.loss.fixed_count:

@@ -237,7 +237,8 @@ def _check_count(lw: Any, count: torch.fx.Node) -> None:
             "counts positions (labels, masks), so it is an integer (a weighted mean is not "
             "one; docs/semantics.md Rule 4.5)",
             lw.plan.loss_reduction.origin, "loss"))
-    reads = _computed_inputs(lw, count)
+    reads = {n.name for n, slot in _placeholders(lw, count)
+             if slot is None or slot.kind not in ("data", "buffer", "coord")}
     if reads:
         raise LoweringError(Finding(
             codes_lower.LOSS_REDUCTION_MISMATCH,
@@ -247,56 +248,33 @@ def _check_count(lw: Any, count: torch.fx.Node) -> None:
             lw.plan.loss_reduction.origin, "loss"))
 
 
-def _computed_inputs(lw: Any, node: torch.fx.Node) -> set[str]:
-    """The stage inputs other than data, buffers, coordinates and constants that ``node``
-    (in the loss stage's local graph) depends on."""
-    kinds = {s.name: s.kind for s in lw.inputs[lw.stage]}
+def _placeholders(lw: Any, node: torch.fx.Node) -> list[tuple[torch.fx.Node, Any]]:
+    """The stage inputs ``node`` (in the loss stage's local graph) depends on, each with its
+    slot (``None`` for a placeholder that is no stage input)."""
+    slots = {s.name: s for s in lw.inputs[lw.stage]}
     seen: set[torch.fx.Node] = set()
-    todo, found = [node], set()
+    todo, found = [node], []
     while todo:
         n = todo.pop()
         if n in seen:
             continue
         seen.add(n)
-        if n.op == "placeholder" and kinds.get(n.name) not in ("data", "buffer", "coord"):
-            found.add(n.name)
+        if n.op == "placeholder":
+            found.append((n, slots.get(n.name)))
         todo.extend(n.all_input_nodes)
     return found
 
 
 def _float_data(lw: Any, node: torch.fx.Node) -> set[str]:
-    """The floating-point data inputs ``node`` (in the loss stage's local graph) depends on,
-    by their spec names."""
-    slots = {s.name: s for s in lw.inputs[lw.stage]}
-    seen: set[torch.fx.Node] = set()
-    todo, found = [node], set()
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        slot = slots.get(n.name) if n.op == "placeholder" else None
-        if slot is not None and slot.kind == "data" and "val" in n.meta and \
-                n.meta["val"].is_floating_point():
-            found.add(f"`{slot.spec}`")
-        todo.extend(n.all_input_nodes)
-    return found
+    """The floating-point data inputs ``node`` depends on, by their spec names."""
+    return {f"`{slot.spec}`" for n, slot in _placeholders(lw, node)
+            if slot is not None and slot.kind == "data" and "val" in n.meta
+            and n.meta["val"].is_floating_point()}
 
 
 def _reads_data(lw: Any, node: torch.fx.Node) -> bool:
-    """Whether ``node`` (in the loss stage's local graph) depends on a data input."""
-    kinds = {s.name: s.kind for s in lw.inputs[lw.stage]}
-    seen: set[torch.fx.Node] = set()
-    todo = [node]
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op == "placeholder" and kinds.get(n.name) == "data":
-            return True
-        todo.extend(n.all_input_nodes)
-    return False
+    """Whether ``node`` depends on a data input."""
+    return any(slot is not None and slot.kind == "data" for _, slot in _placeholders(lw, node))
 
 
 def _axes_text(lay: TLayout) -> str:

@@ -422,3 +422,55 @@ def test_a_collective_on_known_integers_means_what_it_means_numerically(
     for rank in range(2):
         assert numeric[rank]["y"].tolist() == want
         assert np.asarray(symbolic[rank]["y"]).tolist() == want
+
+
+def _max_test(op: str = "eq", kind: str = "amax"):
+    """``sum(x OP amax(x, -1, keepdim))`` as amax's backward counts the maxima (an integer
+    sum of comparisons against the maximum)."""
+    builder = GraphBuilder()
+    x = builder.add_input("x0", "param", TensorType((2, 3), "f64"))
+    top = builder.add(kind, [x], {"dims": (1,), "keepdim": True})
+    hit = builder.add(op, [x, top], {})
+    count = builder.add("sum", [hit], {"dims": (1,), "keepdim": True})
+    builder.add_output("hit", hit)
+    builder.add_output("count", count)
+    return builder.build()
+
+
+@pytest.mark.parametrize(("op", "kind"), [("eq", "amax"), ("ne", "amax"), ("eq", "amin")])
+def test_a_test_against_a_maximum_is_taken_at_the_witness(op: str, kind: str) -> None:
+    """Session 20: the backward of `amax` (logsumexp's stable form: a z-loss, a manual
+    log-sum-exp) marks the entries equal to the maximum and counts them with an integer
+    sum; on symbols that sum was "sum of symbolic integers", and `tvp check` of a correct
+    z-loss plan inconclusive with no place named. The test is now decided at the witness,
+    as an argmax is (an assumed order): the numeric op's result, exactly."""
+    drawn = np.array([[0.3, -1.2, 0.9], [2.0, 0.1, -0.4]])
+    graph = _max_test(op, kind)
+    domain = SymbolicDomain(_witness("x0", drawn))
+    got = evaluate_graph(graph, {"x0": variables("x0", (2, 3))}, domain)
+    want = evaluate_graph(graph, {"x0": drawn})
+    assert domain.assumed_orders >= 1
+    np.testing.assert_array_equal(got["hit"], want["hit"])
+    np.testing.assert_array_equal(got["count"], want["count"])
+    # without a witness the order is not known: unsupported, never guessed
+    with pytest.raises(Unsupported):
+        evaluate_graph(graph, {"x0": variables("x0", (2, 3))}, SymbolicDomain())
+
+
+def test_a_test_against_a_nearly_tied_maximum_is_unsupported() -> None:
+    drawn = np.array([[0.5, 0.5 + 1e-13, -1.0], [1.0, 0.0, -1.0]])
+    with pytest.raises(Unsupported, match="tie"):
+        evaluate_graph(_max_test(), {"x0": variables("x0", (2, 3))},
+                       SymbolicDomain(_witness("x0", drawn)))
+
+
+def test_a_test_of_two_unrelated_values_stays_symbolic() -> None:
+    """Only a value against a maximum of values including it is decided at the witness:
+    `x == y` of two computed values keeps its symbolic meaning."""
+    graph = _node("eq", [(2,), (2,)], {})
+    drawn = {"x0[0]": 1.0, "x0[1]": 2.0, "x1[0]": 1.0, "x1[1]": 3.0}
+    domain = SymbolicDomain(drawn)
+    out = evaluate_graph(graph, {"x0": variables("x0", (2,)), "x1": variables("x1", (2,))},
+                         domain)["out"]
+    assert domain.assumed_orders == 0
+    assert all(isinstance(v, t.Term) for v in out.flat)

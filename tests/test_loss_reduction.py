@@ -449,6 +449,122 @@ def test_a_uint8_mask_input_is_drawn_as_integers(tmp_path: Path) -> None:
     assert simulate_file(right).agrees
 
 
+def lint_spec_codes(path: Path) -> list[str]:
+    from trainverify_dsl.api import layout_diagnostics
+
+    return [d.code.id for d in layout_diagnostics(path)]
+
+
+GUARD_LM = MASK_LM.replace(
+    "return torch.where(counted, nll, torch.zeros_like(nll)).sum() / counted.sum()",
+    "return torch.where(counted, nll, torch.zeros_like(nll)).sum() / (GUARD)")
+
+
+@pytest.mark.parametrize("guard", [
+    "counted.sum().clamp(min=1)",  # an integer count, clamped, then divided by
+    "counted.float().sum().clamp(min=1.0)",
+    "torch.maximum(counted.float().sum(), torch.ones(()))",
+    "torch.maximum(torch.ones(()), counted.float().sum())",
+    "counted.float().sum() + 1e-3",
+    "torch.clamp_min(counted.sum(), 1).float()",
+])
+def test_a_token_count_guarded_against_empty_batches_is_a_token_mean(tmp_path: Path,
+                                                                      guard: str) -> None:
+    """Session 19's outside user: a count guarded against an empty batch (`C.clamp(min=1)`,
+    `torch.maximum(C, 1)`, `C + eps`: Megatron's and Hugging Face's losses do it) made every
+    plan over split data TVP404 ("a count partial over no axis"), the correct token-mean
+    one too: the guard is not linear, so the layout pass refused the partial count under
+    it. The spec divides by the guarded count of the whole step; the plan now applies the
+    guard once, to the count it divides by: the step's under token-mean (simulated, proven),
+    the block's own under local-mean (a difference, never verified)."""
+    from trainverify_dsl.api import check_file
+
+    model = (f"guard_{abs(hash(guard))}.py",
+             GUARD_LM.replace("TEST", "keep.flatten() != 0").replace("GUARD", guard), "MaskLM")
+    right = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-reduction token-mean\nsplit keep [dp, -]", "sum")
+    assert lint_spec_codes(right) == []
+    assert simulate_file(right).agrees
+    assert check_file(right).verdict == "verified"
+    wrong = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-scale 1/microbatches\nsplit keep [dp, -]", "avg")
+    assert not simulate_file(wrong).agrees
+    assert check_file(wrong).verdict == "counterexample"
+
+
+def test_a_guarded_count_read_twice_is_not_passed_through(tmp_path: Path) -> None:
+    """A guard is only passed through (and applied by the division) when the division
+    alone reads it: a guarded count the loss also adds in elsewhere keeps the ordinary
+    rule (the guard of a partial count, TVP404), never a value the spec does not compute."""
+    source = GUARD_LM.replace("TEST", "keep.flatten() != 0").replace(
+        "return torch.where(counted, nll, torch.zeros_like(nll)).sum() / (GUARD)",
+        "c = counted.float().sum().clamp(min=1.0)\n"
+        "        return torch.where(counted, nll, torch.zeros_like(nll)).sum() / c + 0.01 * c")
+    model = ("guard_twice.py", source, "MaskLM")
+    right = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-reduction token-mean\nsplit keep [dp, -]", "sum")
+    assert "TVP404" in lint_spec_codes(right) or "TVP414" in lint_spec_codes(right)
+
+
+PAD_LM = '''import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class PadLM(nn.Module):
+    """A pad label of 3 inside the vocabulary, masked by hand: the gather of the per-token
+    loss reads row 3 at the masked positions too."""
+
+    WIDTHS = LISTED
+
+    def __init__(self, vocab: int = 256, hidden: int = 8) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+
+    def input_specs(self, batch, seq):
+        return {"ids": ((batch, seq), torch.int64), "tgt": ((batch, seq), torch.int64)}
+
+    def forward(self, ids, tgt):
+        nll = F.cross_entropy(self.head(self.emb(ids)).flatten(0, 1), tgt.flatten(),
+                              reduction="none")
+        keep = (tgt.flatten() != 3).float()
+        return (nll * keep).sum() / keep.sum()
+'''
+
+
+def test_a_pad_label_past_a_shrunk_vocabulary_is_a_located_error(tmp_path: Path) -> None:
+    """Session 19's outside user: a model listing `vocab` in `WIDTHS` and masking its pad
+    label 3 by hand was simulated at a vocabulary of 2 rows; the labels drawn at 3 (the
+    mask) indexed the logits out of range: `tvp simulate` and `tvp check` said "internal
+    error: IndexError", `tvp run-distributed` printed a traceback. All three now report
+    TVP312 at the `spec` line, saying which width to keep; kept, the plan is simulated."""
+    from trainverify_dsl.api import check_file
+    from trainverify_dsl.oracle import run_distributed
+    from trainverify_dsl.spec.errors import SpecError
+
+    sizes = "batch 4 seq 4 vocab 256 hidden 8"
+    model = ("pad_lm.py", PAD_LM.replace("LISTED", '("vocab", "hidden")'), "PadLM")
+    shrunk = own_model_plan(tmp_path, model, sizes, ("ids", "tgt"),
+                            "loss-reduction token-mean", "sum")
+    with pytest.raises(SpecError) as raised:
+        simulate_file(shrunk)
+    (found,) = [d for d in raised.value.diagnostics if d.code.id == "TVP312"]
+    assert "`tgt` against 3" in found.message and "2 rows" in found.message
+    verdict = check_file(shrunk)
+    assert verdict.verdict == "error"
+    assert [(d.code.id, d.span.line) for d in verdict.diagnostics] == [("TVP312", 2)]
+    local = own_model_plan(tmp_path, model, sizes, ("ids", "tgt"), "loss-scale 1/microbatches",
+                           "avg")  # the oracle runs the default local mean only
+    with pytest.raises(SpecError):
+        run_distributed(local)
+    kept = own_model_plan(tmp_path, ("pad_kept.py", PAD_LM.replace("LISTED", '("hidden",)'),
+                                     "PadLM"), sizes, ("ids", "tgt"),
+                          "loss-reduction token-mean", "sum")
+    result = simulate_file(kept)
+    assert result.agrees and "vocab" not in result.sizes
+
+
 def test_a_weighted_mean_under_token_mean_is_a_located_error(tmp_path: Path) -> None:
     """Session 19, outside report: `(nll * w).sum() / w.sum()` with float weights under
     token-mean passed the layout pass and then ended in an internal error ("the token count
@@ -638,3 +754,46 @@ def test_a_loss_summed_over_the_batch_under_a_mean_is_an_error_at_the_statement(
     assert found.code.id == "TVP414" and "sum over every element" in found.message
     assert found.span.line == (6 if reduction else 2)  # the statement, else the spec line
     assert "loss-reduction sum scale=1" in (found.help or "")
+
+
+Z_LM = '''import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ZLM(nn.Module):
+    """Cross-entropy plus PaLM's z-loss, the squared log-sum-exp of the logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(8, 4)
+        self.head = nn.Linear(4, 8, bias=False)
+
+    def input_specs(self, batch, seq):
+        return {"ids": ((batch, seq), torch.int64), "y_true": ((batch, seq), torch.int64)}
+
+    def forward(self, ids, y_true):
+        logits = self.head(torch.tanh(self.emb(ids))).flatten(0, 1)
+        z = torch.logsumexp(logits, dim=-1).pow(2).mean()
+        ce = F.cross_entropy(logits, y_true.flatten(), reduction="none").mean()
+        return ce + 1e-2 * z  # both means over every position: no token count
+'''
+
+
+def test_a_z_loss_is_proven_under_the_drawn_maximum(tmp_path: Path) -> None:
+    """Session 19's outside user: `tvp check` of a correct data-parallel plan whose loss adds
+    a z-loss (`logsumexp(logits) ** 2`) was inconclusive, "sum of symbolic integers", with
+    no place named: torch's logsumexp subtracts the maximum, and the maximum's backward
+    counts the entries equal to it. That test is now decided at the drawn values (the
+    verdict lists the assumed order); the wrong scale is still a counterexample."""
+    from trainverify_dsl.api import check_file
+
+    model = ("z_lm.py", Z_LM, "ZLM")
+    right = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-scale 1/microbatches", "avg")
+    verdict = check_file(right, cache=False)
+    assert verdict.verdict == "verified", verdict.reason
+    assert any("tests against a maximum" in a for a in verdict.assumptions)
+    wrong = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-scale 1/microbatches", "sum")
+    assert check_file(wrong, cache=False).verdict == "counterexample"

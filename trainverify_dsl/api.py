@@ -39,9 +39,13 @@ from trainverify_dsl.simulate.run import (
     TOLERANCE,
     SimulationResult,
     compare_programs,
+    input_masks,
+    input_ranges,
+    model_vocab,
     plan_states,
     random_inputs,
     reference_points,
+    unheld_masks,
 )
 from trainverify_dsl.simulate.torch_step import check_reference
 from trainverify_dsl.spec import optim
@@ -362,7 +366,14 @@ def simulate_programs(program: ParallelProgram, reference: Any,
     if values is None:
         values = step_values(program, reference, model, seed)
     progress("evaluating the reference step")
-    want = reference.evaluate(values)
+    try:
+        want = reference.evaluate(values)
+    except IndexError:
+        vocab = model_vocab(model) or 2
+        ranges = input_ranges(reference.program, vocab)
+        unheld_mask(unheld_masks(input_masks(model, reference.program, ranges or vocab),
+                                 ranges, vocab), model)
+        raise
     # the reference IR against eager torch first: a verdict on a wrong reference is no verdict
     progress("checking the reference step against eager torch")
     data = [g.name for g in reference.program.inputs if g.kind == "data"]
@@ -370,6 +381,35 @@ def simulate_programs(program: ParallelProgram, reference: Any,
     progress(f"evaluating the parallel program on {program.world_size:,} ranks and comparing")
     result = compare_programs(program, want, values, reference_opt)
     return _masked_loss_hint(result, program, reference, model)
+
+
+def unheld_mask(found: dict[str, tuple[int, int]], model: Any) -> None:
+    """After the step indexed a table out of range: TVP312 (a ``SpecError`` at the ``spec``
+    line) when a masked integer input holds a value past the rows it was drawn below
+    (``simulate.run.unheld_masks``: ``found``), the model comparing a constant with values
+    along a shrunk width."""
+    import inspect
+
+    from trainverify_dsl.report.codes_spec import SHRUNK_BELOW_CONSTANT
+    from trainverify_dsl.spec.errors import fail
+
+    if not found:
+        return
+    name, (value, high) = sorted(found.items())[0]
+    try:
+        where = inspect.getsourcefile(type(model)) or ""
+    except TypeError:
+        where = ""
+    raise fail(SHRUNK_BELOW_CONSTANT,
+               f"the model tests `{name}` against {value} and indexes a table with it there, "
+               f"but at the widths simulated `{name}` indexes {high} rows: {value} is no row, "
+               "so the masked entries cannot be drawn",
+               notes=("the widths were shrunk (docs/semantics.md §9); a width a model lists in "
+                      "`WIDTHS` must be used only as a size, and a pad label inside the "
+                      "vocabulary ties a constant to it",),
+               where=where,
+               help="drop that width from the model class's `WIDTHS` (it is then kept at "
+                    "its size), or run `tvp simulate --no-shrink`")
 
 
 def _masked_loss_hint(result: SimulationResult, program: ParallelProgram, reference: Any,
@@ -809,10 +849,11 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
     verdict.assumptions = list(BASE_ASSUMPTIONS) + _assumptions(pair)
     if proof.assumed_orders:
         verdict.assumptions.append(
-            f"orderings of computed values ({proof.assumed_orders} top-k routing, sort or "
-            "argmax nodes) take the order they have at the drawn values, every ranked value "
-            "apart there: the proof holds wherever the routing is the drawn one, not for "
-            "every routing")
+            f"orderings of computed values ({proof.assumed_orders} top-k routing, sort, "
+            "argmax nodes or tests against a maximum, as amax's backward makes) take the "
+            "order they have at the drawn values, every ranked value apart there: the proof "
+            "holds wherever the routing (the largest entry) is the drawn one, not for every "
+            "routing")
     verdict.elements, verdict.by_normal_form = proof.elements, proof.by_normal_form
     verdict.by_expansion, verdict.by_solver = proof.by_expansion, proof.by_solver
     verdict.stages_total, verdict.stages_unique = proof.stages, proof.stages - proof.merged

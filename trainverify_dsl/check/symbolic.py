@@ -528,6 +528,48 @@ class SymbolicDomain(Domain):
         order = np.asarray(OPS[indices_op].evaluate((numeric,), attrs))
         return np.take_along_axis(x, order, axis=attrs["dim"])
 
+    def _extreme_test(self, node: Node, args: tuple[Any, ...]) -> Any:
+        """``x == max(..., x, ...)`` (and ``!=``, and ``min``) elementwise, decided at the
+        witness, or ``None`` when some element is not such a test. The backward of ``amax``
+        (``logsumexp``'s stable form, a max-pool) marks the entries equal to the maximum
+        and counts them: wherever the order is the witnessed one, with the extreme apart
+        from the next value, exactly the witness's extreme entry passes. Counted as an
+        assumed order (``assumed_orders``), like top-k routing."""
+        x, y = np.broadcast_arrays(np.asarray(args[0], dtype=object),
+                                   np.asarray(args[1], dtype=object))
+        out = np.empty(x.shape, dtype=bool)
+        for index in np.ndindex(*x.shape):
+            found = self._is_extreme(x[index], y[index])
+            if found is None:
+                found = self._is_extreme(y[index], x[index])
+            if found is None:
+                return None
+            out[index] = found if node.op == "eq" else not found
+        self.assumed_orders += 1
+        return out
+
+    def _is_extreme(self, value: Any, extreme: Any) -> bool | None:
+        """Whether ``value`` is the argument ``extreme`` (a ``max``/``min`` poly) takes at the
+        witness; ``None`` when ``extreme`` is no such poly of ``value``."""
+        if not isinstance(value, Poly) or not isinstance(extreme, Poly):
+            return None
+        lattice = extreme.single_factor()
+        if not isinstance(lattice, t.Lattice) or value not in lattice.args:
+            return None
+        members = list(lattice.args)
+        table = np.empty(len(members), dtype=object)
+        for k, member in enumerate(members):
+            table[k] = member
+        numbers = self._at_witness(table)
+        order = np.argsort(numbers)
+        if lattice.kind == "max":
+            order = order[::-1]
+        first, second = numbers[order[0]], numbers[order[1]]
+        if abs(first - second) <= TIE * max(1.0, abs(first), abs(second)):
+            raise Unsupported(f"`{lattice.kind}` of computed values that nearly tie at the "
+                              "drawn values (its backward's choice is not decided there)")
+        return members[int(order[0])] == value
+
     def bind(self, array: object, type_: TensorType) -> Any:
         value = array if isinstance(array, np.ndarray) else np.asarray(array)
         if value.shape != type_.shape:
@@ -546,6 +588,11 @@ class SymbolicDomain(Domain):
         t.check_deadline()
         if node.op in ORDERINGS and self.witness is not None and _symbolic(args[0]):
             return self._ordered(node, args)
+        if node.op in ("eq", "ne") and self.witness is not None and \
+                any(_symbolic(x) for x in args):
+            decided = self._extreme_test(node, args)
+            if decided is not None:
+                return decided
         encoding = ENCODINGS.get(node.op)
         if encoding is None:
             raise Unsupported(f"the op `{node.op}` has no exact encoding")

@@ -54,6 +54,68 @@ class Root:
     numerator: torch.fx.Node
     count: torch.fx.Node | None
     summed: bool = False
+    #: guards between the count and the division, innermost first (``guarded``): ``S /
+    #: C.clamp(min=1)``, ``S / torch.maximum(C, 1)``, ``S / (C + eps)``
+    guards: tuple[torch.fx.Node, ...] = ()
+
+
+#: Ops that guard a token count against an empty batch (``count.clamp(min=1)``,
+#: ``torch.maximum(count, one)``, ``count + eps``, a cast), each applied to the count alone
+#: with constants: the spec divides by the guarded count of the whole step, so a plan
+#: applies the guard once to the count it divides by (the step's under ``token-mean``).
+GUARD_OPS = frozenset({"aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.add",
+                       "aten.sub", "aten.maximum", "aten.minimum", "aten._to_copy"})
+
+
+def guarded(count: Any) -> tuple[Any, tuple[torch.fx.Node, ...]]:
+    """The count under its guards (``GUARD_OPS``, each used by the next alone, the last by
+    the division alone, its other operands numbers or scalar constants built from no input)
+    and the guards, innermost first. Only such a chain may be passed through by the
+    ordinary lowering and applied by the division (``normalise``): nothing else reads it."""
+    guards: list[torch.fx.Node] = []
+    node = count
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and \
+            packet_name(node.target) in GUARD_OPS and len(_readers(node)) == 1:
+        name = packet_name(node.target)
+        operands = list(node.args) + list(node.kwargs.values())
+        counts = [a for a in operands if isinstance(a, torch.fx.Node) and not _scalar_constant(a)]
+        if len(counts) != 1 or any(isinstance(a, (list, tuple)) for a in operands):
+            break  # the count alone, beside numbers and scalar constants
+        inner = counts[0]
+        if inner is not node.args[0] and name not in ("aten.add", "aten.maximum",
+                                                      "aten.minimum"):
+            break  # `1 - count`, a clamp of a constant by the count: not a guard
+        if name in ("aten.add", "aten.sub") and (
+                len(node.args) != 2 or any(isinstance(a, torch.fx.Node) and a is not inner
+                                           for a in node.args)):
+            break  # a number added, not a tensor (its layout would be its own)
+        guards.append(node)
+        node = inner
+    return node, tuple(reversed(guards))
+
+
+#: torch.export's checks: they read a value's metadata, never its value
+CHECKS = frozenset({"aten._assert_tensor_metadata", "aten._assert_scalar"})
+
+
+def _readers(node: torch.fx.Node) -> list[torch.fx.Node]:
+    return [u for u in node.users if packet_name(u.target) not in CHECKS]
+
+
+def _scalar_constant(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and packet_name(node.target) == "aten.full" and \
+        not node.all_input_nodes and "val" in node.meta and node.meta["val"].dim() == 0
+
+
+def apply_guards(lw: Any, count: Any, guards: tuple[torch.fx.Node, ...]) -> Any:
+    """``guards`` (spec nodes, innermost first) applied to ``count``, a local node of the
+    loss stage: the same ops, their constants as the lowering computed them."""
+    for guard in guards:
+        inner = guard.args[0]
+        args = tuple(count if a is inner else lw.value(lw.stage, a)
+                     if isinstance(a, torch.fx.Node) else a for a in guard.args)
+        count = lw.emit(guard.target, args, dict(guard.kwargs))
+    return count
 
 
 def find_root(loss: Any) -> Root | None:
@@ -80,7 +142,8 @@ def find_root(loss: Any) -> Root | None:
     name = packet_name(node.target)
     if name == "aten.div" and len(node.args) == 2 and \
             all(isinstance(a, torch.fx.Node) for a in node.args):
-        return Root(node, node.args[0], node.args[1])
+        count, guards = guarded(node.args[1])
+        return Root(node, node.args[0], count, guards=guards)
     if name in ("aten.mean", "aten.sum") and isinstance(node.args[0], torch.fx.Node):
         x = node.args[0]
         rank = x.meta["val"].dim()
@@ -166,7 +229,7 @@ def lower_root(lw: Any, root: Root) -> tuple[torch.fx.Node, TLayout]:
         count = lw.value(stage, root.count)
         axes = s_lay.partial[1] if s_lay.partial else ()
         cause = s_lay.cause
-    return normalise(lw, numerator, count, axes, cause)
+    return normalise(lw, numerator, count, axes, cause, guards=root.guards)
 
 
 def root_axes(layouts: Any, root: Root) -> tuple[str, ...] | None:
@@ -181,12 +244,14 @@ def root_axes(layouts: Any, root: Root) -> tuple[str, ...] | None:
 
 
 def normalise(lw: Any, numerator: torch.fx.Node, count: torch.fx.Node | int,
-              axes: tuple[str, ...], cause: Any,
-              summed: bool = False) -> tuple[torch.fx.Node, TLayout]:
+              axes: tuple[str, ...], cause: Any, summed: bool = False,
+              guards: tuple[torch.fx.Node, ...] = ()) -> tuple[torch.fx.Node, TLayout]:
     """``numerator`` (this rank's sum of per-token losses, partial over ``axes``) divided as
     the plan's ``loss-reduction`` says, with its layout; a ``token-mean`` registers the
     count output and the denominator input of the loss stage. ``summed``: the spec's loss is
-    that sum itself (no normaliser), which only ``loss-reduction sum`` states."""
+    that sum itself (no normaliser), which only ``loss-reduction sum`` states. ``guards``:
+    the spec's ops between its count and the division (``Root.guards``), applied to the
+    count divided by: the rank's own under ``local-mean``, the step's under ``token-mean``."""
     plan = lw.plan
     mode = mode_of(plan)
     if summed and mode != "sum":
@@ -196,12 +261,22 @@ def normalise(lw: Any, numerator: torch.fx.Node, count: torch.fx.Node | int,
     if mode == "local-mean":
         if axes and not isinstance(count, int):  # a count of the data, split: each its own
             lw.local_counts = tuple(axes)
-        out = lw.emit(aten.div.Tensor, (numerator, count))
+            if _reads_data(lw, count):
+                lw.findings.append(_per_block(lw, axes, cause))
+        out = lw.emit(aten.div.Tensor, (numerator, apply_guards(lw, count, guards)))
         return out, scalar.with_partial(("avg", axes), cause) if axes else scalar
     origin = reduction.origin
     if mode == "sum":
         if not summed and not isinstance(count, int) and _reads_data(lw, count):
             lw.fixed_count = True  # a fixed number where the spec divides by a data count
+            lw.findings.append(Finding(
+                codes_lower.COUNT_PER_BLOCK,
+                f"`loss-reduction sum scale={reduction.scale}` divides by a fixed number where "
+                "the spec's loss divides by a token count of the data: the step's loss only "
+                "for batches counting exactly that many tokens; `tvp check` never verifies "
+                "it (docs/semantics.md §4.3)", reduction.origin, "loss",
+                "state `loss-reduction token-mean` to divide by the step's count, and sum "
+                "the gradients (`op=sum`)"))
         out = lw.emit(aten.mul.Tensor, (numerator, float(reduction.scale)))
         return out, scalar.with_partial(("sum", axes), origin) if axes else scalar
     data = lw.binding.data_axes()
@@ -220,9 +295,25 @@ def normalise(lw: Any, numerator: torch.fx.Node, count: torch.fx.Node | int,
     dtype = numerator.meta["val"].dtype
     denominator = lw.placeholder(lw.stage, DENOMINATOR, "denominator", "loss", scalar, dtype)
     lw.loss_count = (count, tuple(counted))
-    out = lw.emit(aten.div.Tensor, (numerator, denominator))
+    out = lw.emit(aten.div.Tensor, (numerator, apply_guards(lw, denominator, guards)))
     summed = tuple(a for a in axes if a in counted or a == MICROBATCH_AXIS)
     return out, scalar.with_partial(("sum", summed), origin) if summed else scalar
+
+
+def _per_block(lw: Any, axes: tuple[str, ...], cause: Any) -> Finding:
+    """TVP415 for the default local mean of a loss divided by a token count of the data,
+    at the statement that splits the loss's sum (the `microbatches` line, a `split`)."""
+    names = [a for a in axes if a != MICROBATCH_AXIS] + \
+        ["the microbatches" for a in axes if a == MICROBATCH_AXIS]
+    shown = " and ".join(names)
+    return Finding(
+        codes_lower.COUNT_PER_BLOCK,
+        "the spec's loss divides by a token count of the data, and under the default "
+        f"`loss-reduction local-mean` each block along {shown} divides by its own count: "
+        "the step's loss only when every block counts the same tokens; `tvp check` never "
+        "verifies it (docs/semantics.md §4.3)", cause or lw.plan.spec.origin, "loss",
+        "state `loss-reduction token-mean` to divide by the step's count, and sum the "
+        "gradients (`op=sum`, no `loss-scale`)")
 
 
 def _check_count(lw: Any, count: torch.fx.Node) -> None:
@@ -281,5 +372,5 @@ def _axes_text(lay: TLayout) -> str:
     return ", ".join(lay.partial[1]) if lay.partial else "no axis"
 
 
-__all__ = ["COUNT", "DENOMINATOR", "Root", "find_root", "intercepts", "lower_root",
-           "normalise", "no_root", "summed_loss"]
+__all__ = ["COUNT", "DENOMINATOR", "GUARD_OPS", "Root", "apply_guards", "find_root", "guarded",
+           "intercepts", "lower_root", "normalise", "no_root", "summed_loss"]

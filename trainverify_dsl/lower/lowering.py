@@ -535,6 +535,13 @@ class _Lowering:
             new, lay = loss_norm.lower_root(self, self.loss_root)
             operands = [(a, self.layouts.get(a), _floating(a)) for a in node.all_input_nodes]
             self.grads.op(node, name, operands, lay, self.current_cause, self._where())
+        elif self.loss_root is not None and node in self.loss_root.guards:
+            # a guard of the loss's count (`count.clamp(min=1)`): the division applies it to
+            # the count it divides by (``loss.normalise``); here it passes the count through
+            inner = node.args[0]
+            new, lay = self.value(stage, inner), self.layouts[inner]
+            operands = [(a, self.layouts.get(a), _floating(a)) for a in node.all_input_nodes]
+            self.grads.op(node, name, operands, lay, self.current_cause, self._where())
         elif name == "getitem":
             parent, index = node.args
             new = self.emit(node.target, (self.value(stage, parent), index))

@@ -93,9 +93,10 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float,
     """Resolve, build, lower (here, once: the ranks are forked from this process), draw the
     values and run the reference step. Raises ``LoweringError`` / ``OracleError``;
     ``allow_model_outside_root``: see ``api.prepare``."""
-    from trainverify_dsl.api import prepare, resolve_plan
+    from trainverify_dsl.api import prepare, resolve_plan, unheld_mask
     from trainverify_dsl.lower.lowering import lower
     from trainverify_dsl.oracle.reference import draw_values, reference_step
+    from trainverify_dsl.simulate.run import model_vocab, unheld_masks
 
     plan = resolve_plan(path)
     if plan.mesh is None:
@@ -127,11 +128,17 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float,
     if plan.optimizer and plan.spec_optimizer and plan.optimizer.kind != plan.spec_optimizer.kind:
         raise OracleError(f"{path}: the plan's optimizer ({plan.optimizer.kind}) is not the "
                           f"spec's ({plan.spec_optimizer.kind}); `tvp lint` reports it (TVP280)")
-    values = draw_values(setup.real_model, setup.input_specs, plan.optimizer, seed,
-                         *_input_draws(setup, plan))
+    masks, ranges = _input_draws(setup, plan)
+    values = draw_values(setup.real_model, setup.input_specs, plan.optimizer, seed, masks,
+                         ranges)
     # the reference is the single-device step: the spec's own optimizer recipe
-    reference = reference_step(setup.real_model, values, list(setup.input_specs),
-                               plan.spec_optimizer)
+    try:
+        reference = reference_step(setup.real_model, values, list(setup.input_specs),
+                                   plan.spec_optimizer)
+    except IndexError:  # a masked value past a shrunk table: TVP312, as tvp simulate says
+        vocab = model_vocab(setup.real_model) or 2
+        unheld_mask(unheld_masks(masks, ranges, vocab), setup.real_model)
+        raise
     folder.mkdir(parents=True)
     magnitude = max((float(np.max(np.abs(v))) for v in reference.values() if v.size), default=1)
     return RankJob(lowered, values, reference, folder, seed, FLOOR * magnitude, timeout)

@@ -206,6 +206,23 @@ LOSS_REDUCTION_MISMATCH = _code(
     _MASKED + "loss-reduction token-mean over dp\nall-reduce grad(params) over dp op=sum\n",
 )
 
+COUNT_PER_BLOCK = _code(
+    "TVP415", "count-per-block", "each block divides its loss by its own token count",
+    "The spec's loss is a sum of per-token losses divided by a token count of the data "
+    "(labels with an ignore index, a mask), and the plan divides otherwise than by the step's "
+    "count: under the default `loss-reduction local-mean` each data block and microbatch "
+    "divides by its own count and the step averages those means; `loss-reduction sum "
+    "scale=s` divides by a fixed number. Either is the spec's loss only for batches where "
+    "every block counts the same tokens (or exactly 1/s): `tvp simulate` compares at drawn "
+    "inputs, and `tvp check` never verifies such a plan (docs/semantics.md §4.3).",
+    "The mean of local means weights a token in a block with few counted tokens more than "
+    "one in a full block: Hugging Face's gradient-accumulation loss bug (2024), and the "
+    "padded-length normalisation of SFT batches.",
+    _MASKED + "all-reduce grad(params) over dp op=avg\n",
+    _MASKED + "loss-reduction token-mean\nall-reduce grad(params) over dp op=sum\n",
+    Severity.WARNING,
+)
+
 # TVP413 `not-lowered` is retired (its one statement, `clip-grad-norm`, is lowered since
 # session 8, docs/semantics.md §6.3): the id is never reused.
 
@@ -213,5 +230,5 @@ CODES: tuple[Code, ...] = (
     UNBOUND_NAME, PARTIAL_INPUT, LAYOUT_MISMATCH, PARTIAL_NONLINEAR,
     MIXED_PARTIAL, COLLECTIVE_MISMATCH, CLAIM_CONTRADICTS_LAYOUT,
     ALGORITHM_NOT_APPLICABLE, UNASSIGNED_OP, MISSING_COLLECTIVE, LOSS_SCALE_MISMATCH,
-    GRADIENT_LAYOUT_MISMATCH, LOSS_REDUCTION_MISMATCH,
+    GRADIENT_LAYOUT_MISMATCH, LOSS_REDUCTION_MISMATCH, COUNT_PER_BLOCK,
 )

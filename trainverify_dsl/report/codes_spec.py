@@ -125,8 +125,23 @@ SIZE_READ = Code(
     fix="# model code: return ((self.fc(x) - y) ** 2).sum(-1).mean()",
 )
 
+SHRUNK_BELOW_CONSTANT = Code(
+    "TVP312", "width-shrunk-below-constant", Severity.ERROR,
+    "a width was shrunk below a constant the model compares an input with",
+    what="Simulation and `tvp check` run the model at small widths (docs/semantics.md §9). "
+         "The model tests an integer input against a constant (a pad label `tgt != 3`) and "
+         "indexes a table with the input where that test masks it, but after shrinking the "
+         "table has fewer rows than the constant: the masked entries cannot be drawn, and a "
+         "step at the shrunk widths is not the model's step.",
+    why="A width a model lists in `WIDTHS` must be used only as a size: a pad label inside "
+        "the vocabulary ties a constant to it. Dropping the masked entries would test the "
+        "step without its padding, the case a token-count plan gets wrong.",
+    example='class Net(nn.Module):\n    WIDTHS = ("vocab", "hidden")   # the loss masks `tgt != 3`',
+    fix='class Net(nn.Module):\n    WIDTHS = ("hidden",)           # vocab kept at its size',
+)
+
 CODES: tuple[Code, ...] = (
     MODEL_NOT_FOUND, CONFIG_NOT_FOUND, MODEL_LOAD_FAILED, UNSUPPORTED_OP,
     DATA_DEPENDENT_SHAPE, TRACE_FAILED, BAD_INPUT_SPEC, IR_INVALID, BLOCK_REUSE_FALLBACK,
-    MODEL_OUTSIDE_ROOT, SIZE_READ,
+    MODEL_OUTSIDE_ROOT, SIZE_READ, SHRUNK_BELOW_CONSTANT,
 )

@@ -184,6 +184,22 @@ def input_masks(model: torch.nn.Module, program: Program | None,
     return masked
 
 
+def unheld_masks(masks: Mapping[str, tuple[int, ...]], ranges: Mapping[str, int],
+                 default: int) -> dict[str, tuple[int, int]]:
+    """Integer data inputs masked (``input_masks``) with a value past the range they are
+    drawn in (``input_ranges``; ``default`` for the others): input -> (the least such value,
+    the range). When the model indexes a table with the input where the value masks it (a
+    pad label compared by hand, `tgt != 3`, beside a vocabulary shrunk to 2 rows), the step
+    cannot run at these widths (TVP312); negative values (torch's -100) are never rows."""
+    found: dict[str, tuple[int, int]] = {}
+    for name, values in masks.items():
+        high = ranges.get(name, default)
+        beyond = [v for v in values if v >= high]
+        if beyond:
+            found[name] = (min(beyond), high)
+    return found
+
+
 def inferred_masks(program: Program, high: int | Mapping[str, int]
                    ) -> dict[str, tuple[int, ...]]:
     """Integer data inputs the step's forward tests for equality (``eq``, ``ne``, through

@@ -22,7 +22,7 @@ def spec_span(where: str) -> Span:
 
 
 #: Codes about what a ``spec`` line names rather than a line of the model's code.
-REFERENCE_CODES = frozenset({"TVP301", "TVP302", "TVP303", "TVP307", "TVP310"})
+REFERENCE_CODES = frozenset({"TVP301", "TVP302", "TVP303", "TVP307", "TVP310", "TVP312"})
 
 
 def names_the_reference(diagnostic: Diagnostic) -> bool:

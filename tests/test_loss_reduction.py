@@ -797,3 +797,50 @@ def test_a_z_loss_is_proven_under_the_drawn_maximum(tmp_path: Path) -> None:
     wrong = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
                            "loss-scale 1/microbatches", "sum")
     assert check_file(wrong, cache=False).verdict == "counterexample"
+
+
+NUM_ITEMS_LM = '''import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class NumItemsLM(nn.Module):
+    """Hugging Face's loss since transformers 4.46: the step's token count is an input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(8, 4)
+        self.head = nn.Linear(4, 8, bias=False)
+
+    def input_specs(self, batch, seq):
+        return {"ids": ((batch, seq), torch.int64), "y_true": ((batch, seq), torch.int64),
+                "num_items": ((), torch.float32)}
+
+    def forward(self, ids, y_true, num_items):
+        logits = self.head(torch.tanh(self.emb(ids))).flatten(0, 1)
+        return F.cross_entropy(logits, y_true.flatten(), reduction="sum") / num_items
+'''
+
+
+def test_a_sum_divided_by_a_given_count_is_a_sum_of_shares(tmp_path: Path) -> None:
+    """Session 19's outside user: a loss divided by `num_items_in_batch`, an input every rank
+    holds whole, was TVP404 ("a count partial over no axis") under every reduction, the
+    correct `loss-reduction sum scale=1` too. The division by a whole number is linear in
+    the sum: each rank's share adds up to the spec's loss (simulated, proven), and the
+    default local mean, which averages the shares, is TVP414 at the `spec` line, naming
+    the input and the statement to write."""
+    from trainverify_dsl.api import check_file
+
+    model = ("num_items_lm.py", NUM_ITEMS_LM, "NumItemsLM")
+    right = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-reduction sum scale=1\nreplicate num_items", "sum")
+    assert lint_spec_codes(right) == []
+    assert simulate_file(right).agrees
+    assert check_file(right, cache=False).verdict == "verified"
+    wrong = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-scale 1/microbatches", "avg")
+    from trainverify_dsl.api import layout_diagnostics
+
+    (found,) = layout_diagnostics(wrong)
+    assert (found.code.id, found.span.line) == ("TVP414", 2)
+    assert "the input `num_items`" in found.message and "scale=1" in (found.help or "")

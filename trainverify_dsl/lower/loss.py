@@ -197,6 +197,27 @@ def summed_loss(plan: Any, root: Root | None = None) -> LoweringError:
         "each rank of a real run reads its own, smaller size"))
 
 
+def _given_divisor(plan: Any, root: Root) -> LoweringError:
+    """A sum over the batch divided by a number every rank holds whole, under a reduction
+    that averages or counts."""
+    reduction = plan.loss_reduction
+    mode = mode_of(plan)
+    origin = reduction.origin if reduction is not None else plan.spec.origin
+    said = f"`loss-reduction {mode}`" if reduction is not None else \
+        "the default `loss-reduction local-mean`"
+    count = root.count
+    divisor = f"the input `{count.name}`" if count is not None and count.op == "placeholder" \
+        else "a number"
+    return LoweringError(Finding(
+        codes_lower.LOSS_REDUCTION_MISMATCH,
+        f"the spec's loss divides a sum over the batch by {divisor}, which every rank holds "
+        "whole (a count given as an input, as Hugging Face's `num_items_in_batch`): "
+        "over a split batch the loss is the sum of the ranks' shares, while "
+        f"{said} {'averages them' if mode == 'local-mean' else 'divides by a count of its own'} "
+        "(docs/semantics.md Rule 4.5)", origin, "loss",
+        "state `loss-reduction sum scale=1` and sum the gradients (`op=sum`)"))
+
+
 def lower_root(lw: Any, root: Root) -> tuple[torch.fx.Node, TLayout]:
     """The local normaliser of the spec's loss, on the loss stage (``lw.stage``)."""
     stage = lw.stage
@@ -217,6 +238,15 @@ def lower_root(lw: Any, root: Root) -> tuple[torch.fx.Node, TLayout]:
         cause = lay.cause
     else:
         s_lay, c_lay = lw.layout(root.numerator), lw.layout(root.count)
+        if s_lay.partial and s_lay.partial[0] == "sum" and not c_lay.partial and \
+                c_lay.rank == 0:
+            # a divisor every rank holds whole (Hugging Face's `num_items_in_batch` input):
+            # the division is linear in the sum, and the loss a sum of the local ones
+            if mode_of(lw.plan) != "sum":
+                raise _given_divisor(lw.plan, root)
+            divisor = apply_guards(lw, lw.value(stage, root.count), root.guards)
+            share = lw.emit(aten.div.Tensor, (lw.value(stage, root.numerator), divisor))
+            return normalise(lw, share, 1, s_lay.partial[1], s_lay.cause, summed=True)
         if mode_of(lw.plan) == "token-mean":
             _check_count(lw, lw.value(stage, root.count))
         if (s_lay.partial or ("sum", ()))[0] != "sum" or s_lay.partial != c_lay.partial:

@@ -66,6 +66,7 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
     # the reference step's table (spec/trace.py): both forwards decomposed alike
     with torch_deprecations_ignored():
         exported = exported.run_decompositions(decompositions())
+    _drop_value_checks(exported.graph_module.graph)
     signature = exported.graph_signature
     data_names = list(inputs)
     placeholders: dict[str, tuple[str, str]] = {}
@@ -94,6 +95,31 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
     modules = {path: type(m).__name__ for path, m in model.named_modules()}
     points = frozenset(f"{p}.{side}" for p in marked for side in ("in", "out"))
     return Captured(gm, placeholders, modules, points)
+
+
+#: torch's value checks (``one_hot``'s "class values must be non-negative"): an assertion on
+#: data, no value of the step
+VALUE_CHECKS = frozenset({"_assert_async"})
+#: the ops that compute only what such a check reads (comparisons, and their reductions)
+CHECK_OPS = frozenset({"ge", "gt", "le", "lt", "eq", "ne", "logical_not", "logical_and",
+                       "logical_or", "any", "all"})
+
+
+def _drop_value_checks(graph: torch.fx.Graph) -> None:
+    """Remove the model's value checks and what only they read: on a rank they test its
+    own pieces (an ``any`` over a split batch), which no layout rule means as the whole
+    batch's test, and they compute nothing the step uses. The reference step has none
+    either (``spec/convert.py`` gives checks no value)."""
+    todo = [n for n in graph.nodes
+            if n.op == "call_function" and _op_name(n.target) in VALUE_CHECKS]
+    while todo:
+        node = todo.pop()
+        if node.users:
+            continue
+        inputs = node.all_input_nodes
+        graph.erase_node(node)
+        todo.extend(n for n in inputs if n.op == "call_function" and not n.users and
+                    _op_name(n.target) in CHECK_OPS)
 
 
 def _unsupported_input(exported: torch.export.ExportedProgram, kind: str) -> Exception:

@@ -535,6 +535,21 @@ def _argmax(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
 RULES["aten.argmax"] = _argmax
 
 
+@rule("aten.max")
+def _max(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Result:
+    """``torch.max`` in its three forms: of two tensors (elementwise, as ``maximum``); of
+    every element (as ``amax``); along ``dim``, the values and their indices (each as
+    ``argmax`` lays out its result: that dimension whole on every rank)."""
+    other = args[1] if len(args) > 1 else kwargs.get("other")
+    if isinstance(other, torch.fx.Node):
+        return _broadcast(ctx, "aten.maximum", args, kwargs, out)
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    if dim is None:
+        return RULES["aten.amax"](ctx, args, kwargs, out)
+    layout = _argmax(ctx, args, kwargs, out).layout
+    return Result((layout, layout), args, kwargs)
+
+
 @rule("aten.gather")
 def _gather(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Result:
     lay, index = ctx.layout(args[0]), ctx.layout(args[2])

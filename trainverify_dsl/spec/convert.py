@@ -252,7 +252,8 @@ def _gelu(cx: Ctx, a: dict[str, Any]) -> V:
     return cx.emit("gelu", (a["self"],), {"approximate": a.get("approximate", "none")})
 
 
-@converts("aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range")
+@converts("aten._assert_tensor_metadata", "aten._assert_scalar", "aten._assert_async",
+          "aten.sym_constrain_range")
 def _no_value(cx: Ctx, a: dict[str, Any]) -> None:
     return None
 

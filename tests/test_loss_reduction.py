@@ -844,3 +844,21 @@ def test_a_sum_divided_by_a_given_count_is_a_sum_of_shares(tmp_path: Path) -> No
     (found,) = layout_diagnostics(wrong)
     assert (found.code.id, found.span.line) == ("TVP414", 2)
     assert "the input `num_items`" in found.message and "scale=1" in (found.help or "")
+
+
+def test_vocab_parallel_cross_entropy_refuses_a_guarded_count(tmp_path: Path) -> None:
+    """The vocab-parallel cross-entropy divides by the count it computes itself: a loss that
+    guards its count (`clamp(min=1)`) is not what it computes on an empty batch, so it is
+    TVP408 at the `apply` line, never a verified step that differs there."""
+    source = GUARD_LM.replace("TEST", "y_true.flatten() != -100").replace(
+        "GUARD", "counted.sum().clamp(min=1)")
+    (tmp_path / "guard_vp.py").write_text(source)
+    path = plan(tmp_path, 'plan vp\nspec "guard_vp.py:MaskLM" batch 4 seq 4\n'
+                "spec-optimizer sgd lr=0.1\nmesh dp=2, tp=2\nloss-reduction token-mean\n"
+                'use "stdlib/megatron.tvp"\napply vocab_parallel_output(head, tp)\n'
+                "split ids [dp, -]\nsplit y_true [dp, -]\nsplit keep [dp, -]\n"
+                "all-reduce grad(params) over dp op=sum\noptimizer sgd lr=0.1\n")
+    from trainverify_dsl.api import layout_diagnostics
+
+    found = [(d.code.id, d.span.line) for d in layout_diagnostics(path)]
+    assert ("TVP408", 7) in found, found

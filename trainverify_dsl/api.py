@@ -285,9 +285,10 @@ def _size_reads(setup: SimulationSetup, binding: Any, fallback: Span) -> list[Di
                        plan.spec.batch or 1, plan.spec.seq or 1)
     split = {(name, dim): axes for name, layout in binding.data_layouts.items()
              for dim, axes in layout.dim_axes if axes}
-    if plan.microbatches > 1:  # microbatches cut dimension 0 of every input (Rule 4.1)
+    if plan.microbatches > 1:  # microbatches cut dimension 0 of every batched input (4.1)
         for name in setup.input_specs:
-            split[(name, 0)] = ("microbatches",) + tuple(split.get((name, 0), ()))
+            if name not in binding.unbatched:
+                split[(name, 0)] = ("microbatches",) + tuple(split.get((name, 0), ()))
     found, seen = [], set()
     for read, changed in reads:
         hit = sorted((name, dim, axes) for (name, dim), axes in split.items()

@@ -395,7 +395,8 @@ def plan_divisibilities(plan: Plan, binding: Any, points: Mapping[str, tuple[int
 
     rules = []
     tensors = [(n, s, binding.param_layouts.get(n), False) for n, s in binding.params.items()]
-    tensors += [(n, s, binding.data_layouts.get(n), True) for n, s in binding.data.items()]
+    tensors += [(n, s, binding.data_layouts.get(n), n not in binding.unbatched)
+                for n, s in binding.data.items()]
     for name, shape, layout, batch in tensors:
         for d, size in enumerate(shape):
             split = axes(layout.axes_of_dim(d)) if layout else ()

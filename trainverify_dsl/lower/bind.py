@@ -77,6 +77,9 @@ class Binding:
     segmented: bool = False
     #: the model's modules in ``named_modules`` order
     module_order: tuple[str, ...] = ()
+    #: model inputs whose dimension 0 is not the batch (``spec.load.unbatched_inputs``):
+    #: every microbatch reads them whole (Rule 4.1)
+    unbatched: frozenset[str] = frozenset()
     param_layouts: dict[str, Layout] = field(default_factory=dict)
     data_layouts: dict[str, Layout] = field(default_factory=dict)
     point_collectives: dict[str, list[Collective]] = field(default_factory=dict)
@@ -122,7 +125,8 @@ class Binding:
 
     def data_layout(self, name: str, shape: tuple[int, ...],
                     sizes: Mapping[str, int]) -> TLayout:
-        return self._tlayout(self.data_layouts.get(name), shape, name, sizes, batch=True)
+        return self._tlayout(self.data_layouts.get(name), shape, name, sizes,
+                             batch=name not in self.unbatched)
 
     def data_axes(self) -> set[str]:
         """Axes that split any model input (docs/semantics.md §4.1)."""
@@ -256,7 +260,10 @@ class _Binder:
                         model.named_parameters(remove_duplicate=False) if name not in params}
         order = tuple(name for name, _ in model.named_modules())
         modules = set(order)
-        self.b = Binding(plan, params, dict(data), modules, module_order=order)
+        from trainverify_dsl.spec.load import unbatched_inputs
+
+        self.b = Binding(plan, params, dict(data), modules, module_order=order,
+                         unbatched=unbatched_inputs(model) & set(data))
         self.points = _points(modules)
 
     def error(self, message: str, span: Any, help: str | None = None,
@@ -326,7 +333,8 @@ class _Binder:
                                "partial (Rule 2.3)", span, code=codes_lower.PARTIAL_INPUT)
                     continue
                 shape = b.params.get(name) or b.data[name]
-                self._divides(name, shape, layout, span, batch=name in b.data)
+                self._divides(name, shape, layout, span,
+                              batch=name in b.data and name not in b.unbatched)
                 (b.param_layouts if name in b.params else b.data_layouts)[name] = layout
             for point in points:
                 b.claims.setdefault(point, []).append(Claim(layout))

@@ -260,6 +260,29 @@ def load_model(ref: str | ModelRef, config: str | None = None, *, fake: bool = T
                         "(see stdlib/models/configs.json)" if needs_config else None) from None
 
 
+def unbatched_inputs(model: Any) -> frozenset[str]:
+    """The model inputs with a dimension 0 that is not the batch (docs/semantics.md Rule
+    4.1): ``input_specs`` at two batch sizes gives them the same one (a per-feature scale,
+    a table passed in). Empty when the model cannot say (its ``input_specs`` fails at the
+    small sizes asked): every input is then read as batched, as before."""
+    from trainverify_dsl.spec.errors import SpecError
+
+    try:
+        small, large = (dict(model_input_specs(model, b, 4)) for b in (2, 3))
+    except (SpecError, *USER_CODE_ERRORS):
+        return frozenset()
+    found = set()
+    for name, spec in small.items():
+        other = large.get(name)
+        try:
+            shape, wider = tuple(spec[0]), tuple(other[0]) if other is not None else None
+        except (TypeError, IndexError):
+            return frozenset()
+        if shape and wider is not None and len(wider) == len(shape) and shape[0] == wider[0]:
+            found.add(name)
+    return frozenset(found)
+
+
 def model_input_specs(model: Any, batch: int, seq: int, where: str = "") -> Any:
     """``model.input_specs(batch, seq)``; a bad size, a missing method or one that raises is a
     ``SpecError`` (the specs themselves are checked when the tracer builds its inputs)."""

@@ -655,7 +655,9 @@ class LenLM(nn.Module):
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_local_means_of_a_token_count_are_never_verified(tmp_path: Path, seed: int) -> None:
+def test_local_means_of_a_token_count_are_never_verified(tmp_path: Path, seed: int,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
     """Session 19: a mask built from a `lengths` input (`arange(seq) < lengths`) is no test
     against a constant, so the drawn lengths (up to the vocabulary, past the sequence) counted
     every token at seeds 1 and 2: the default local mean (each rank dividing by its own
@@ -668,18 +670,29 @@ def test_local_means_of_a_token_count_are_never_verified(tmp_path: Path, seed: i
     wrong = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
                            "loss-scale 1/microbatches\nsplit lengths [dp]", "avg")
     verdict = check_file(wrong, seed=seed, cache=False)
-    assert verdict.verdict in ("counterexample", "inconclusive"), verdict.reason
-    if verdict.verdict == "inconclusive":
-        assert "each divide by their own" in verdict.reason
-        assert "along the microbatches and dp" in verdict.reason
-        assert "state `loss-reduction token-mean`" in verdict.reason
+    # session 20: where the first draw counts alike, a second one (integer inputs from
+    # {0, 1}, masked at random) makes the blocks count differently: a counterexample
+    assert verdict.verdict == "counterexample", verdict.reason
+    assert "a second draw" in verdict.counterexample.inputs
+    assert not simulate_file(wrong, seed=seed).agrees
+    # and where both draws count alike, the plan is still never verified
+    import trainverify_dsl.api as api
+
+    monkeypatch.setattr(api, "second_draw", lambda *args, **kwargs: None)
+    verdict = check_file(wrong, seed=seed, cache=False)
+    monkeypatch.undo()
+    assert verdict.verdict == "inconclusive", verdict.reason
+    assert "each divide by their own" in verdict.reason
+    assert "along the microbatches and dp" in verdict.reason
+    assert "state `loss-reduction token-mean`" in verdict.reason
     right = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
                            "loss-reduction token-mean\nsplit lengths [dp]", "sum")
     verdict = check_file(right, seed=seed, cache=False)
     assert verdict.verdict == "verified", verdict.reason
 
 
-def test_a_fixed_scale_over_a_token_count_is_never_verified(tmp_path: Path) -> None:
+def test_a_fixed_scale_over_a_token_count_is_never_verified(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Session 19, outside report: `loss-reduction sum scale=1/16` (a nominal count) over a
     loss divided by the counted tokens was verified where every drawn length counted all 16
     tokens. It is now inconclusive, saying why, unless the numbers differ."""
@@ -688,6 +701,10 @@ def test_a_fixed_scale_over_a_token_count_is_never_verified(tmp_path: Path) -> N
     model = ("len_lm.py", LENGTHS_LM, "LenLM")
     wrong = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
                            "loss-reduction sum scale=1/16\nsplit lengths [dp]", "sum")
+    assert check_file(wrong, seed=1, cache=False).verdict == "counterexample"  # 2nd draw
+    import trainverify_dsl.api as api
+
+    monkeypatch.setattr(api, "second_draw", lambda *args, **kwargs: None)
     verdict = check_file(wrong, seed=1, cache=False)
     assert verdict.verdict == "inconclusive", verdict.reason
     assert "`loss-reduction sum scale=...` divides by a fixed number" in verdict.reason
@@ -862,3 +879,47 @@ def test_vocab_parallel_cross_entropy_refuses_a_guarded_count(tmp_path: Path) ->
 
     found = [(d.code.id, d.span.line) for d in layout_diagnostics(path)]
     assert ("TVP408", 7) in found, found
+
+
+SHIFT_LM = '''import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ShiftLM(nn.Module):
+    """Hugging Face's causal-LM loss: the labels are the inputs, shifted inside forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(8, 4)
+        self.head = nn.Linear(4, 8, bias=False)
+
+    def input_specs(self, batch, seq):
+        return {"input_ids": ((batch, seq), torch.int64), "labels": ((batch, seq), torch.int64)}
+
+    def forward(self, input_ids, labels):
+        logits = self.head(torch.tanh(self.emb(input_ids)))[:, :-1, :]
+        return F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+'''
+
+
+def test_labels_shifted_in_the_model_are_masked_where_they_count(tmp_path: Path) -> None:
+    """Session 19's outside user: labels shifted inside forward (`labels[:, 1:]`) were not
+    seen as tested against -100 (the test reads a slice of them), and the masks drawn at
+    position 0 were shifted away: every block counted alike and `tvp simulate` agreed with
+    the default local mean. The test is now followed through slices, and a plan dividing by
+    per-block counts that agrees at the first draw is compared again at a second one whose
+    masks fall at random positions: it differs; token-mean agrees."""
+    from trainverify_dsl.simulate.run import inferred_masks
+
+    model = ("shift_lm.py", SHIFT_LM, "ShiftLM")
+    wrong = own_model_plan(tmp_path, model, "batch 4 seq 4", ("input_ids", "labels"),
+                           "loss-scale 1/microbatches", "avg")
+    from trainverify_dsl.api import build_programs
+
+    assert inferred_masks(build_programs(wrong).spec.program, 8) == {"labels": (-100,)}
+    result = simulate_file(wrong)
+    assert not result.agrees and "second draw" in result.draw
+    right = own_model_plan(tmp_path, model, "batch 4 seq 4", ("input_ids", "labels"),
+                           "loss-reduction token-mean", "sum")
+    assert simulate_file(right).agrees

@@ -345,14 +345,42 @@ def _quiet(phase: str) -> None:
     del phase
 
 
-def step_values(program: ParallelProgram, reference: Any, model: Any, seed: int = 0
-                ) -> dict[str, np.ndarray]:
+def step_values(program: ParallelProgram, reference: Any, model: Any, seed: int = 0,
+                few: bool = False) -> dict[str, np.ndarray]:
     """The random inputs both programs run on (``seed``): parameters, optimizer states,
-    data, buffers (``simulate.run.random_inputs``) and the states only the plan reads."""
-    rng = np.random.default_rng(seed)
-    values = random_inputs(reference.program.inputs, model, rng, reference.program)
+    data, buffers (``simulate.run.random_inputs``, ``few``: its second draw) and the states
+    only the plan reads."""
+    rng = np.random.default_rng(seed if not few else [seed, 1])
+    values = random_inputs(reference.program.inputs, model, rng, reference.program, few)
     plan_states(program, values, rng)
     return values
+
+
+def count_dependent(program: ParallelProgram) -> bool:
+    """Whether the plan divides its loss by the blocks' own token counts or by a fixed number
+    where the spec divides by the step's count (TVP415): right only for inputs whose blocks
+    count alike, which the first draw may be."""
+    return bool(program.loss.local_counts) or program.loss.fixed_count
+
+
+def second_draw(program: ParallelProgram, reference: Any, reference_opt: Any, model: Any,
+                seed: int, progress: Progress = _quiet
+                ) -> tuple[dict[str, np.ndarray], SimulationResult] | None:
+    """For a plan that ``count_dependent`` and agreed at the first draw: both programs again
+    on inputs whose blocks count differently (``COUNT_DRAW``); their values and result
+    when they differ there, else ``None``."""
+    from trainverify_dsl.simulate.run import COUNT_DRAW
+
+    if not count_dependent(program):
+        return None
+    progress("drawing again: integer inputs from {0, 1}, so that the blocks count differently")
+    values = step_values(program, reference, model, seed, few=True)
+    result = simulate_programs(program, reference, reference_opt, model, seed, progress,
+                               values)
+    if result.agrees:
+        return None
+    result.draw = COUNT_DRAW
+    return values, result
 
 
 def simulate_programs(program: ParallelProgram, reference: Any,
@@ -592,8 +620,13 @@ def simulate_file(path: str | Path, *, seed: int = 0, shrink: bool | None = None
     built = build_programs(path, shrink=shrink, allow_model_outside_root=allow_model_outside_root,
                            stop_on_errors=stop_on_errors, max_memory=max_memory,
                            progress=progress)
-    result = simulate_programs(built.program, built.spec, built.reference_opt,
-                               built.setup.build_real(), seed, progress)
+    model = built.setup.build_real()
+    result = simulate_programs(built.program, built.spec, built.reference_opt, model, seed,
+                               progress)
+    if result.agrees:
+        again = second_draw(built.program, built.spec, built.reference_opt, model, seed,
+                            progress)
+        result = again[1] if again is not None else result
     result.sizes = dict(built.setup.overrides)
     result.idle_axes = built.idle
     result.estimated_bytes = built.estimated_bytes
@@ -667,6 +700,11 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
         values = step_values(built.program, built.spec, model, seed)
         result = simulate_programs(built.program, built.spec, built.reference_opt, model,
                                    seed, progress, values)
+        again = second_draw(built.program, built.spec, built.reference_opt, model, seed,
+                            progress) if result.agrees else None
+        few = again is not None
+        if few:
+            values, result = again
         if not result.agrees and built.segmented:
             # a difference is reported on the plan's own stages, never on the split ones
             built = build_programs(path, shrink=True,
@@ -674,9 +712,10 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
                                    stop_on_errors=False, max_memory=max_memory,
                                    progress=progress, blocks=True, segment=False,
                                    layout=built.layout)
-            values = step_values(built.program, built.spec, model, seed)
+            values = step_values(built.program, built.spec, model, seed, few)
             result = simulate_programs(built.program, built.spec, built.reference_opt, model,
                                        seed, progress, values)
+            result.draw = again[1].draw if again is not None else ""
     except SimulationSetupError as error:
         verdict.diagnostics = list(error.diagnostics)
         verdict.reason = str(error) if not error.diagnostics else "the plan has errors"
@@ -698,6 +737,8 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
             small = _smaller(built, model, values, result, seed, progress)
             verdict.counterexample = _counterexample(small or result, seed)
             drawn = "inputs drawn from ±1/2, ±1" if small is not None else "random inputs"
+            if result.draw:
+                drawn += f"; {result.draw}"
             verdict.counterexample.inputs = drawn
             verdict.reason = "numeric evaluation of both programs differs (float64, " \
                              f"seed {seed}, {drawn})"

@@ -155,7 +155,8 @@ def outcome_json(path: str, outcome: Outcome) -> dict[str, Any]:
         "error": outcome.error,
         "max_rel_error": None, "tolerance": None, "ranks": None, "compared": None,
         "sizes": None, "idle_axes": None, "estimated_bytes": None,
-        "first_difference": None, "reading": None, "mismatches": [], "mismatch_count": 0,
+        "first_difference": None, "reading": None, "draw": None, "mismatches": [],
+        "mismatch_count": 0,
         "lineage_mismatches": [],
         "findings": [_diagnostic(d) for d in outcome.refusal],
     }
@@ -177,6 +178,7 @@ def _simulation_json(result: Any) -> dict[str, Any]:
         "estimated_bytes": result.estimated_bytes,
         "first_difference": _mismatch(result.first) if result.first else None,
         "reading": _reading_json(result.reading),
+        "draw": result.draw or None,
         "mismatches": [_mismatch(m) for m in result.mismatches[:SHOWN]],
         "mismatch_count": len(result.mismatches),
         "lineage_mismatches": [_mismatch(m) for m in result.lineage_mismatches[:SHOWN]],
@@ -244,6 +246,8 @@ def _text(path: str, result: Any, color: bool = False) -> str:
     if result.reading is not None:
         lines.append(f"  reading of the first difference: {result.reading.text}")
         lines.append(f"    {result.reading.values_line()}")
+    if result.draw:
+        lines.append(f"  the inputs compared: {result.draw} (the first draw agreed)")
     return "\n".join(lines) + "\n"
 
 

@@ -56,6 +56,8 @@ class SimulationResult:
     estimated_bytes: int = 0
     #: how the first difference differs (``ir.reading.Reading``), when it has values
     reading: Any = None
+    #: how the inputs compared were drawn, when not the first draw (``COUNT_DRAW``)
+    draw: str = ""
 
     @property
     def agrees(self) -> bool:
@@ -93,13 +95,23 @@ def rel_error(got: np.ndarray, want: np.ndarray, floor: float = 1e-12) -> float:
 # -- random values --------------------------------------------------------------------------
 
 
+#: The second draw of a loss divided by per-block counts (``random_inputs(few=True)``): its
+#: integer inputs drawn from {0, 1}, masked at random positions, so a mask built from them
+#: (`m > 0`, `arange(s) < lengths`, labels shifted in the model) counts differently from
+#: block to block.
+COUNT_DRAW = "a second draw, integer inputs from {0, 1} masked at random positions and " \
+             "random booleans, so that the blocks count different tokens"
+
+
 def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Generator,
-                  program: Program | None = None) -> dict[str, np.ndarray]:
+                  program: Program | None = None, few: bool = False) -> dict[str, np.ndarray]:
     """Parameters ~ N(0, 0.5²), states positive where they must be (Adam's v), token ids in
     range (the vocabulary is the first dimension of the embedding table), real inputs N(0,1),
     buffers as the model built them. An input the model names in ``masked_inputs()`` (labels
     with an ``ignore_index``), or that the reference step ``program`` tests against a value
-    never drawn (``inferred_masks``), has some entries masked (``mask_rows``)."""
+    never drawn (``inferred_masks``), has some entries masked (``mask_rows``). ``few``: the
+    integer inputs drawn from {0, 1} (within their range), masked at random positions, and
+    the booleans at random (``COUNT_DRAW``)."""
     buffers = {n: b.detach().cpu().double().numpy() if b.is_floating_point() else
                b.detach().cpu().numpy() for n, b in model.named_buffers()}
     vocab = model_vocab(model) or 2
@@ -111,11 +123,16 @@ def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Gener
         if g.kind == "buffer":
             values[g.name] = buffers[g.name]
         elif g.type.dtype == "bool":
-            values[g.name] = draw_bool(shape)
+            values[g.name] = rng.integers(0, 2, size=shape).astype(bool) if few else \
+                draw_bool(shape)
         elif g.type.dtype in INT_DTYPES:
             high = ranges.get(g.name, vocab)
-            values[g.name] = rng.integers(0, high, size=shape)
-            if g.name in masked:
+            values[g.name] = rng.integers(0, min(high, 2) if few else high, size=shape)
+            if g.name in masked and few:  # masked at random, half the entries
+                hit = rng.random(shape) < 0.5
+                picks = rng.choice(np.asarray(masked[g.name]), size=shape)
+                values[g.name] = np.where(hit, picks, values[g.name])
+            elif g.name in masked:
                 values[g.name] = mask_rows(values[g.name], masked[g.name], high)
         elif g.kind == "state" and g.name.startswith("v("):
             values[g.name] = rng.uniform(0.1, 1.0, size=shape)
@@ -147,6 +164,15 @@ def small_values(values: Mapping[str, np.ndarray], buffers: set[str],
     return out
 
 
+#: Ops whose result holds some of their first operand's values as they are (a reshape, a
+#: slice: `labels[:, 1:]`, the labels a model shifts itself)
+CARRIED = frozenset({"slice", "select"})
+
+
+def _carries(node: Any) -> bool:
+    return bool(node.inputs) and (OPS[node.op].group == "view" or node.op in CARRIED)
+
+
 def input_ranges(program: Program, default: int) -> dict[str, int]:
     """Every integer data input's drawn range ``[0, high)``: the fewest rows of any table it
     indexes in the step (``embedding``, ``gather``, ``index_select``, through reshapes), else
@@ -162,7 +188,7 @@ def input_ranges(program: Program, default: int) -> dict[str, int]:
         shapes = [g.type.shape for g in graph.inputs] + [n.shape for n in graph.nodes]
         for k, node in enumerate(graph.nodes):
             value = len(graph.inputs) + k
-            if OPS[node.op].group == "view" and node.inputs and node.inputs[0] in of:
+            if _carries(node) and node.inputs[0] in of:
                 of[value] = of[node.inputs[0]]
             elif node.op in ("embedding", "gather", "index_select") and \
                     len(node.inputs) == 2 and node.inputs[1] in of:
@@ -226,7 +252,7 @@ def inferred_masks(program: Program, high: int | Mapping[str, int]
         for k, node in enumerate(graph.nodes):
             value = len(graph.inputs) + k
             attrs = node.attr_map()
-            if OPS[node.op].group == "view" and node.inputs and node.inputs[0] in of:
+            if _carries(node) and node.inputs[0] in of:
                 of[value] = of[node.inputs[0]]
             elif node.op == "full" and not node.shape and node.dtype in INT_DTYPES:
                 constants[value] = int(attrs["value"])

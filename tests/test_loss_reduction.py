@@ -923,3 +923,70 @@ def test_labels_shifted_in_the_model_are_masked_where_they_count(tmp_path: Path)
     right = own_model_plan(tmp_path, model, "batch 4 seq 4", ("input_ids", "labels"),
                            "loss-reduction token-mean", "sum")
     assert simulate_file(right).agrees
+
+
+TWO_TERMS_LM = '''import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class TwoTerms(nn.Module):
+    """A cross-entropy over the labels that count (-100 masked) plus PaLM's z-loss averaged
+    over every position: two normalisers, two counts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(8, 4)
+        self.head = nn.Linear(4, 8, bias=False)
+
+    def input_specs(self, batch, seq):
+        return {"ids": ((batch, seq), torch.int64), "y_true": ((batch, seq), torch.int64)}
+
+    def forward(self, ids, y_true):
+        logits = self.head(torch.tanh(self.emb(ids))).flatten(0, 1)
+        z = torch.logsumexp(logits, dim=-1).pow(2).mean()
+        return F.cross_entropy(logits, y_true.flatten()) + 1e-2 * z
+'''
+
+
+def test_a_loss_with_two_normalisers_divides_each_by_its_own_step_count(tmp_path: Path
+                                                                       ) -> None:
+    """Session 19's outside user: a token-mean cross-entropy plus a z-loss (or an auxiliary
+    loss) averaged over every position had no `loss-reduction token-mean` (TVP414: "needs a
+    loss that ends in a mean ... or a sum divided by a token count"). Each term is now a
+    normaliser of its own: under token-mean each divides by its own step count (the counted
+    labels, the positions), fed as its own denominator; the IR's count graph has one output
+    per term. Simulated, proven; the default local mean differs."""
+    from trainverify_dsl.api import build_programs, check_file
+
+    model = ("two_terms.py", TWO_TERMS_LM, "TwoTerms")
+    right = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-reduction token-mean", "sum")
+    assert lint_spec_codes(right) == []
+    program = build_programs(right).program
+    assert program.loss.count is not None
+    assert program.loss.count.output_names == ("count", "count.1")
+    assert simulate_file(right).agrees
+    assert check_file(right, cache=False).verdict == "verified"
+    wrong = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-scale 1/microbatches", "avg")
+    assert lint_spec_codes(wrong) == ["TVP415"]
+    assert not simulate_file(wrong).agrees
+
+
+def test_the_verifier_pairs_each_count_with_a_denominator(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from trainverify_dsl.api import build_programs
+    from trainverify_dsl.ir.parallel import parallel_problems
+
+    model = ("two_terms.py", TWO_TERMS_LM, "TwoTerms")
+    right = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-reduction token-mean", "sum")
+    program = build_programs(right).program
+    assert parallel_problems(program) == []
+    from trainverify_dsl.ir.graph import restrict
+
+    one = replace(program, loss=replace(program.loss, count=restrict(
+        program.loss.count, ("count",), drop_inputs=True)))
+    assert any("denominators" in p for p in parallel_problems(one))

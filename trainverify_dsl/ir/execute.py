@@ -23,7 +23,13 @@ from trainverify_dsl.ir.batched import evaluate_spmd_batched
 from trainverify_dsl.ir.interp import NUMERIC, Domain, evaluate_graph, evaluate_spmd
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout, take_local
 from trainverify_dsl.ir.mesh import MeshGroups
-from trainverify_dsl.ir.parallel import ParallelProgram, ParamUpdate, Stage, Transfer
+from trainverify_dsl.ir.parallel import (
+    ParallelProgram,
+    ParamUpdate,
+    Stage,
+    Transfer,
+    denominator_input,
+)
 
 #: Seed of the generator for free values (Rule 5.2): a fixed, documented choice, so a run is
 #: reproducible and a free value is the same in the forward and the backward sweep.
@@ -89,7 +95,7 @@ class _Run:
         #: (input, layout dims, coordinates it splits by) -> the piece (``_step_input``)
         self.pieces: dict[tuple[Any, ...], Any] = {}
         #: rank -> the step's token count (``token-mean``, §4.3), before the first microbatch
-        self.denominators: dict[int, Any] = {}
+        self.denominators: dict[int, dict[str, Any]] = {}
 
     def _ranks_of(self, stage: int) -> list[int]:
         axis = self.p.pipeline_axis
@@ -166,7 +172,7 @@ class _Run:
             elif slot.kind == "recv":
                 feed[slot.name] = self._received(stage, slot, rank, m, sends)
             elif slot.kind == "denominator":
-                feed[slot.name] = self.denominators[rank]
+                feed[slot.name] = self.denominators[rank][slot.name]
             elif slot.kind == "seed":
                 feed[slot.name] = self.domain.fill(stage.graph.inputs[len(feed)].type.shape,
                                                    self.p.seed)
@@ -247,32 +253,37 @@ class _Run:
         elif slot.kind == "loss":
             self.out.losses[(rank, m)] = value
 
-    def _denominators(self) -> dict[int, Any]:
+    def _denominators(self) -> dict[int, dict[str, Any]]:
         """``token-mean`` (§4.3): each rank's local token counts, summed over the
         microbatches and over the rank's group along the counted axes (whose ranks hold
-        different data blocks), as one known number per rank."""
+        different data blocks), as one known number per rank and normaliser of the loss
+        (rank -> the loss stage's denominator input -> its value)."""
         loss = self.p.loss
         assert loss.count is not None
         stage = next(st for st in self.p.stages if st.output("loss"))
         slots = {s.name: s for s in stage.inputs}
         ranks = self.stage_ranks[stage.index]
-        counts: dict[int, int] = {}
+        outputs = loss.count.output_names
+        counts: dict[int, list[int]] = {}
         for rank in ranks:
-            total = 0
+            totals = [0] * len(outputs)
             for m in range(self.p.microbatches):
                 coords = self.coords(rank, m)
                 feed: dict[str, Any] = {}
                 for g in loss.count.inputs:
                     feed[g.name] = self._step_input(slots[g.name], coords)
-                count = evaluate_graph(loss.count, feed, self.domain)["count"]
-                total += _known_int(self.domain.known(count), count)
-            counts[rank] = total
-        out: dict[int, Any] = {}
+                found = evaluate_graph(loss.count, feed, self.domain)
+                for k, name in enumerate(outputs):
+                    totals[k] += _known_int(self.domain.known(found[name]), found[name])
+            counts[rank] = totals
+        out: dict[int, dict[str, Any]] = {}
         for group in self.mesh.groups(loss.counted):
             held = [r for r in group if r in counts]
-            step_count = sum(counts[r] for r in held)
-            for r in held:
-                out[r] = self.domain.fill((), Fraction(step_count))
+            for k in range(len(outputs)):
+                step_count = sum(counts[r][k] for r in held)
+                for r in held:
+                    out.setdefault(r, {})[denominator_input(k)] = \
+                        self.domain.fill((), Fraction(step_count))
         return out
 
     # -- after the backward -------------------------------------------------------------

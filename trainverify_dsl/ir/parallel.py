@@ -210,8 +210,9 @@ class LossReduction:
     origin: Source = NO_SOURCE
     mode: str = "local-mean"
     counted: tuple[str, ...] = ()
-    #: ``token-mean``: the loss stage's local token count, from inputs of that stage (by
-    #: name) to one output ``count``
+    #: ``token-mean``: the loss stage's local token counts, from inputs of that stage (by
+    #: name) to one output per normaliser of the loss, ``count``, ``count.1``, ...
+    #: (``count_output``), each summed into the stage input ``denominator_input(k)``
     count: Graph | None = None
     #: ``local-mean`` of a loss divided by a token count of the data: the axes (and ``@mb``)
     #: whose blocks each divide by their own count, equal to the spec's loss only for inputs
@@ -346,6 +347,16 @@ def parallel_problems(program: ParallelProgram) -> list[str]:
     return problems
 
 
+def count_output(k: int) -> str:
+    """The count graph's output of the loss's ``k``-th normaliser (``token-mean``)."""
+    return "count" if k == 0 else f"count.{k}"
+
+
+def denominator_input(k: int) -> str:
+    """The loss stage's input of the ``k``-th normaliser's step count."""
+    return "loss" if k == 0 else f"loss.{k}"
+
+
 def _loss_problems(program: ParallelProgram) -> list[str]:
     """A ``token-mean`` has a count graph reading only data of the loss stage, and only the
     loss stage reads the denominator."""
@@ -369,8 +380,13 @@ def _loss_problems(program: ParallelProgram) -> list[str]:
         slot = slots.get(g.name)
         if slot is None or slot.kind not in ("param", "buffer", "data", "coord"):
             problems.append(f"the token count reads {g.name}, not data of the loss stage")
-    if loss.count.output_names != ("count",):
-        problems.append("the count graph's outputs are not exactly `count`")
+    outputs = loss.count.output_names
+    if not outputs or outputs != tuple(count_output(k) for k in range(len(outputs))):
+        problems.append("the count graph's outputs are not `count`, `count.1`, ... in order")
+    denominators = sorted(s.name for s in stage.inputs if s.kind == "denominator")
+    if denominators != sorted(denominator_input(k) for k in range(len(outputs))):
+        problems.append(f"the loss stage reads the denominators {denominators}, not one per "
+                        "count")
     problems += [f"count: %{v}: {m}" for v, m in graph_problems(loss.count)]
     unknown = [a for a in loss.counted if a not in loss.data_axes]
     if unknown:

@@ -41,8 +41,10 @@ def input_name(slot: Slot) -> str:
 
 
 def output_name(slot: Slot) -> str:
-    if slot.kind in ("loss", "count"):
+    if slot.kind == "loss":
         return slot.kind
+    if slot.kind == "count":  # `loss.count`, `loss.count.1`: `count`, `count.1`
+        return slot.name.removeprefix("loss.")
     return f"lineage.{slot.spec}" if slot.kind == "lineage" else f"send.{slot.spec}"
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout
+from trainverify_dsl.ir.parallel import denominator_input
 from trainverify_dsl.lower.findings import Finding, LoweringError
 from trainverify_dsl.plan import vocab
 from trainverify_dsl.report import codes_lower
@@ -121,22 +122,7 @@ def apply_guards(lw: Any, count: Any, guards: tuple[torch.fx.Node, ...]) -> Any:
 def find_root(loss: Any) -> Root | None:
     """The normaliser under ``loss``: through negations and constant factors down to a
     ``mean`` over every dimension or a ``div`` of two tensors; ``None`` for any other loss."""
-    node = loss
-    while isinstance(node, torch.fx.Node) and node.op == "call_function":
-        name = packet_name(node.target)
-        if name == "aten.neg":
-            node = node.args[0]
-            continue
-        if name in ("aten.mul", "aten.div") and len(node.args) == 2:
-            a, b = node.args
-            if isinstance(a, torch.fx.Node) and isinstance(b, (int, float)):
-                node = a
-                continue
-            if name == "aten.mul" and isinstance(b, torch.fx.Node) and \
-                    isinstance(a, (int, float)):
-                node = b
-                continue
-        break
+    node = _through_factors(loss)
     if not isinstance(node, torch.fx.Node) or node.op != "call_function":
         return None
     name = packet_name(node.target)
@@ -153,6 +139,48 @@ def find_root(loss: Any) -> Root | None:
                 == set(range(rank)):
             return Root(node, x, None, summed=name == "aten.sum")
     return None
+
+
+def find_roots(loss: Any) -> tuple[Root, ...] | None:
+    """The normalisers of a loss that adds several (a token-mean cross-entropy plus a z-loss
+    averaged over every position, an auxiliary loss): ``find_root`` of each term of a sum
+    or difference, through negations and constant factors; ``None`` unless every term has
+    one. Each term is normalised by its own count (§4.3)."""
+    single = find_root(loss)
+    if single is not None:
+        return (single,)
+    node = _through_factors(loss)
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or \
+            packet_name(node.target) not in ("aten.add", "aten.sub") or node.kwargs or \
+            len(node.args) != 2 or not all(isinstance(a, torch.fx.Node) for a in node.args):
+        return None
+    found: list[Root] = []
+    for term in node.args:
+        roots = find_roots(term)
+        if roots is None:
+            return None
+        found += [r for r in roots if all(r.node is not f.node for f in found)]
+    return tuple(found)
+
+
+def _through_factors(node: Any) -> Any:
+    """``node`` under negations and constant factors (as ``find_root`` walks them)."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        name = packet_name(node.target)
+        if name == "aten.neg":
+            node = node.args[0]
+            continue
+        if name in ("aten.mul", "aten.div") and len(node.args) == 2:
+            a, b = node.args
+            if isinstance(a, torch.fx.Node) and isinstance(b, (int, float)):
+                node = a
+                continue
+            if name == "aten.mul" and isinstance(b, torch.fx.Node) and \
+                    isinstance(a, (int, float)):
+                node = b
+                continue
+        break
+    return node
 
 
 def mode_of(plan: Any) -> str:
@@ -323,8 +351,10 @@ def normalise(lw: Any, numerator: torch.fx.Node, count: torch.fx.Node | int,
         count = lw.emit(aten.full.default, ([], count), {"dtype": torch.int64})
     _check_count(lw, count)
     dtype = numerator.meta["val"].dtype
-    denominator = lw.placeholder(lw.stage, DENOMINATOR, "denominator", "loss", scalar, dtype)
-    lw.loss_count = (count, tuple(counted))
+    k = len(lw.loss_counts)  # one count per normaliser of the loss (``find_roots``)
+    denominator = lw.placeholder(lw.stage, DENOMINATOR if not k else f"{DENOMINATOR}.{k}",
+                                 "denominator", denominator_input(k), scalar, dtype)
+    lw.loss_counts.append((count, tuple(counted)))
     out = lw.emit(aten.div.Tensor, (numerator, apply_guards(lw, denominator, guards)))
     summed = tuple(a for a in axes if a in counted or a == MICROBATCH_AXIS)
     return out, scalar.with_partial(("sum", summed), origin) if summed else scalar
@@ -402,5 +432,5 @@ def _axes_text(lay: TLayout) -> str:
     return ", ".join(lay.partial[1]) if lay.partial else "no axis"
 
 
-__all__ = ["COUNT", "DENOMINATOR", "GUARD_OPS", "Root", "apply_guards", "find_root", "guarded",
-           "intercepts", "lower_root", "normalise", "no_root", "summed_loss"]
+__all__ = ["COUNT", "DENOMINATOR", "GUARD_OPS", "Root", "apply_guards", "find_root", "find_roots",
+           "guarded", "intercepts", "lower_root", "normalise", "no_root", "summed_loss"]

@@ -227,9 +227,11 @@ class _Lowering:
         #: stage -> marked point -> its local value (observed in simulation)
         self.observed: dict[int, dict[str, torch.fx.Node]] = {}
         #: the spec loss's normaliser when it is lowered by ``lower/loss.py``
-        self.loss_root: loss_norm.Root | None = None
+        #: the normalisers the lowering divides itself (``loss.intercepts``)
+        self.loss_roots: tuple[loss_norm.Root, ...] = ()
         #: a ``token-mean``'s local token count (a node of the loss stage) and counted axes
-        self.loss_count: tuple[torch.fx.Node, tuple[str, ...]] | None = None
+        #: ``token-mean``: each normaliser's local count and the axes its counts sum over
+        self.loss_counts: list[tuple[torch.fx.Node, tuple[str, ...]]] = []
         #: ``local-mean`` over a token count of split data: the axes whose blocks divide
         #: by their own counts (``loss.normalise``)
         self.local_counts: tuple[str, ...] = ()
@@ -413,12 +415,17 @@ class _Lowering:
         if not self.loss_region:  # a loss algorithm normalises its own loss
             output = next(n for n in graph.nodes if n.op == "output")
             results = output.args[0]
-            root = loss_norm.find_root(results[0] if isinstance(results, (tuple, list))
-                                       else results)
-            if root is None and loss_norm.mode_of(self.plan) != "local-mean":
+            loss = results[0] if isinstance(results, (tuple, list)) else results
+            mode = loss_norm.mode_of(self.plan)
+            # several normalisers (a token mean plus a z-loss) under token-mean, each with
+            # its own count; `sum scale=` scales one
+            roots = loss_norm.find_roots(loss) if mode != "sum" else None
+            root = loss_norm.find_root(loss)
+            roots = roots if roots is not None else (root,) if root is not None else ()
+            if not roots and mode != "local-mean":
                 raise loss_norm.no_root(self.plan)
-            self.found_root = root
-            self.loss_root = root if loss_norm.intercepts(self.plan, root) else None
+            self.found_root = roots[0] if roots else None
+            self.loss_roots = tuple(r for r in roots if loss_norm.intercepts(self.plan, r))
         for node in graph.nodes:
             if node.op == "call_function" and self.stage_of.get(node) is not None \
                     and node not in self.skip:
@@ -531,11 +538,12 @@ class _Lowering:
         self.current_cause = self._merge_causes(node)
         if name == MARK:
             new, lay = self._mark(node)
-        elif self.loss_root is not None and node is self.loss_root.node:
-            new, lay = loss_norm.lower_root(self, self.loss_root)
+        elif any(node is r.node for r in self.loss_roots):
+            root = next(r for r in self.loss_roots if node is r.node)
+            new, lay = loss_norm.lower_root(self, root)
             operands = [(a, self.layouts.get(a), _floating(a)) for a in node.all_input_nodes]
             self.grads.op(node, name, operands, lay, self.current_cause, self._where())
-        elif self.loss_root is not None and node in self.loss_root.guards:
+        elif any(node in r.guards for r in self.loss_roots):
             # a guard of the loss's count (`count.clamp(min=1)`): the division applies it to
             # the count it divides by (``loss.normalise``); here it passes the count through
             inner = node.args[0]
@@ -744,8 +752,10 @@ class _Lowering:
                                              f"loss: {problem}",
                                              claim.span, "loss"))
         self.outputs[loss_stage].append(Slot("loss", "loss", "loss", lay))
-        if self.loss_count is not None:
-            self.outputs[loss_stage].append(Slot(loss_norm.COUNT, "count", "loss", TLayout(())))
+        for k in range(len(self.loss_counts)):
+            self.outputs[loss_stage].append(Slot(loss_norm.COUNT if not k else
+                                                 f"{loss_norm.COUNT}.{k}", "count", "loss",
+                                                 TLayout(())))
         for old in self.sent:
             home = self.stage_of[old]
             self.outputs[home].append(Slot(f"send.{old.name}", "send", old.name,
@@ -759,8 +769,8 @@ class _Lowering:
                 if slot.kind == "loss":
                     outs.append(loss)
                 elif slot.kind == "count":
-                    assert self.loss_count is not None
-                    outs.append(self.loss_count[0])
+                    suffix = slot.name[len(loss_norm.COUNT):]
+                    outs.append(self.loss_counts[int(suffix[1:]) if suffix else 0][0])
                 else:
                     old = next(n for n in self.sent if n.name == slot.spec)
                     outs.append(self.values[stage][old])
@@ -873,7 +883,7 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor],
         ordered = _placeholders_first(graph)
         gm = torch.fx.GraphModule(captured.gm, ordered)
         stages.append(StageProgram(index, gm, lowering.inputs[index], lowering.outputs[index]))
-    counted = lowering.loss_count[1] if lowering.loss_count is not None else ()
+    counted = lowering.loss_counts[0][1] if lowering.loss_counts else ()
     copies = _pipeline_copies(lowering)
     lowering.grads.pipeline_copies(copies)
     lowering.grads.finish(binding.grad_statements, binding.data_axes(), plan.loss_scale,
@@ -884,7 +894,7 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor],
     routes = _explicit_sends(lowering, stages)
     backward = _backward_findings(lowering)  # may add a note to a forward finding
     findings = merge_repeats(binding.warnings + lowering.findings + backward)
-    counted = lowering.loss_count[1] if lowering.loss_count is not None else ()
+    counted = lowering.loss_counts[0][1] if lowering.loss_counts else ()
     points = {node.name: point for point, node in sorted(lowering.marks.items())}
     return Lowered(plan, binding, sizes, stages, lowering.lineages, findings,
                    routes, counted, points, lowering.local_counts, lowering.fixed_count)

@@ -112,8 +112,10 @@ def _loss(lowered: Lowered, graphs: list[Graph]) -> LossReduction:
         return LossReduction(data, origin, "sum", fixed_count=lowered.fixed_count)
     counted = lowered.loss_count_axes
     graph = next(g for g in graphs if "count" in g.output_names)
+    counts = tuple(name for name in graph.output_names
+                   if name == "count" or name.startswith("count."))
     return LossReduction(data, origin, "token-mean", counted,
-                         restrict(graph, ("count",), drop_inputs=True))
+                         restrict(graph, counts, drop_inputs=True))
 
 
 def _transfers(lowered: Lowered) -> tuple[Transfer, ...]:

@@ -909,7 +909,8 @@ def test_labels_shifted_in_the_model_are_masked_where_they_count(tmp_path: Path)
     position 0 were shifted away: every block counted alike and `tvp simulate` agreed with
     the default local mean. The test is now followed through slices, and a plan dividing by
     per-block counts that agrees at the first draw is compared again at a second one whose
-    masks fall at random positions: it differs; token-mean agrees."""
+    masks fall at random positions: it differs (the oracle's ranks too); token-mean
+    agrees."""
     from trainverify_dsl.simulate.run import inferred_masks
 
     model = ("shift_lm.py", SHIFT_LM, "ShiftLM")
@@ -920,6 +921,10 @@ def test_labels_shifted_in_the_model_are_masked_where_they_count(tmp_path: Path)
     assert inferred_masks(build_programs(wrong).spec.program, 8) == {"labels": (-100,)}
     result = simulate_file(wrong)
     assert not result.agrees and "second draw" in result.draw
+    from trainverify_dsl.oracle import run_distributed
+
+    oracle = run_distributed(wrong)  # the oracle draws again the same way
+    assert not oracle.agrees and "second draw" in oracle.draw
     right = own_model_plan(tmp_path, model, "batch 4 seq 4", ("input_ids", "labels"),
                            "loss-reduction token-mean", "sum")
     assert simulate_file(right).agrees

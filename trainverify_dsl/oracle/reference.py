@@ -30,7 +30,8 @@ STATES = {"sgd": (), "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "ex
 def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dtype]],
                 optimizer: Optimizer | None, seed: int,
                 masked: Mapping[str, tuple[int, ...]] | None = None,
-                ranges: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+                ranges: Mapping[str, int] | None = None, few: bool = False
+                ) -> dict[str, np.ndarray]:
     """Parameters ~ N(0, 0.5²), Adam's first moment ~ N(0, 0.1²) and second moment
     ~ U(0.01, 0.1) (positive), real inputs ~ N(0, 1), integer inputs (token ids) uniform in the
     vocabulary (the first embedding table's rows), buffers as the model built them. An input
@@ -38,8 +39,10 @@ def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dt
     ``input_masks`` adds the constants the traced step tests them against) has the first
     position of every row but the first set to the masking value (``mask_rows``: the
     pattern ``tvp simulate`` draws). ``ranges``: an integer input's range when it is not
-    the vocabulary (``simulate.run.input_ranges``)."""
-    rng = np.random.default_rng(seed)
+    the vocabulary (``simulate.run.input_ranges``). ``few``: ``tvp simulate``'s second
+    draw (``simulate.run.COUNT_DRAW``): integers from {0, 1} masked at random positions,
+    booleans at random."""
+    rng = np.random.default_rng(seed if not few else [seed, 1])
     values: dict[str, np.ndarray] = {}
     for name, p in model.named_parameters():
         values[name] = rng.normal(0.0, 0.5, size=tuple(p.shape))
@@ -51,15 +54,23 @@ def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dt
         if dtype.is_floating_point:
             values[name] = rng.normal(0.0, 1.0, size=tuple(shape))
         elif dtype == torch.bool:
-            values[name] = draw_bool(tuple(shape))
+            values[name] = rng.integers(0, 2, size=tuple(shape)).astype(bool) if few else \
+                draw_bool(tuple(shape))
         else:
-            values[name] = rng.integers(0, (ranges or {}).get(name, vocab), size=tuple(shape))
+            high = (ranges or {}).get(name, vocab)
+            values[name] = rng.integers(0, min(high, 2) if few else high, size=tuple(shape))
     if masked is None:
         masked = input_masks(model, None, vocab)
     for name, ignore in masked.items():
         if name in inputs and not inputs[name][1].is_floating_point and \
                 inputs[name][1] != torch.bool:
-            values[name] = mask_rows(values[name], ignore, (ranges or {}).get(name, vocab))
+            if few:  # masked at random, half the entries
+                shape = values[name].shape
+                hit = rng.random(shape) < 0.5
+                values[name] = np.where(hit, rng.choice(np.asarray(ignore), size=shape),
+                                        values[name])
+            else:
+                values[name] = mask_rows(values[name], ignore, (ranges or {}).get(name, vocab))
     for state in STATES[optimizer.kind] if optimizer else ():
         for name, p in model.named_parameters():
             if state == "exp_avg":

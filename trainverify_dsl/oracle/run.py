@@ -65,6 +65,8 @@ class OracleResult:
     lowering_error: bool = False
     #: the slowest rank's seconds in its distributed step (of ``seconds``)
     rank_seconds: float = 0.0
+    #: how the inputs compared were drawn, when not the first draw (``COUNT_DRAW``)
+    draw: str = ""
 
     @property
     def agrees(self) -> bool:
@@ -85,11 +87,13 @@ class OracleResult:
             f = self.first
             where = "" if f.rank < 0 else f" on rank {f.rank}"
             text += f"; first difference: {f.tensor}{where} (relative error {f.rel_error:.3g})"
+        if self.draw:
+            text += f"; the inputs compared: {self.draw} (the first draw agreed)"
         return text
 
 
 def _prepare(path: Path, folder: Path, seed: int, timeout: float,
-             allow_model_outside_root: bool = False) -> RankJob:
+             allow_model_outside_root: bool = False, few: bool = False) -> RankJob:
     """Resolve, build, lower (here, once: the ranks are forked from this process), draw the
     values and run the reference step. Raises ``LoweringError`` / ``OracleError``;
     ``allow_model_outside_root``: see ``api.prepare``."""
@@ -130,7 +134,7 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float,
                           f"spec's ({plan.spec_optimizer.kind}); `tvp lint` reports it (TVP280)")
     masks, ranges = _input_draws(setup, plan)
     values = draw_values(setup.real_model, setup.input_specs, plan.optimizer, seed, masks,
-                         ranges)
+                         ranges, few)
     # the reference is the single-device step: the spec's own optimizer recipe
     try:
         reference = reference_step(setup.real_model, values, list(setup.input_specs),
@@ -188,6 +192,16 @@ def run_distributed(path: str | Path, seed: int = 0, timeout: float = 120.0,
         job = _prepare(Path(path).resolve(), Path(tmp) / "plan", seed, timeout,
                        allow_model_outside_root)
         result = _run(str(path), job, timeout)
+        if result.agrees and (job.lowered.local_counts or job.lowered.fixed_count):
+            # a plan dividing by per-block counts (TVP415): drawn again so that the blocks
+            # count differently, as `tvp simulate` does
+            from trainverify_dsl.simulate.run import COUNT_DRAW
+
+            again = _run(str(path), _prepare(Path(path).resolve(), Path(tmp) / "again",
+                                             seed, timeout, allow_model_outside_root,
+                                             few=True), timeout)
+            if again.error is None and not again.agrees:
+                again.draw, result = COUNT_DRAW, again
         result.seconds = time.perf_counter() - start
     if result.error is not None:
         raise OracleError(result.error)

@@ -995,3 +995,16 @@ def test_the_verifier_pairs_each_count_with_a_denominator(tmp_path: Path) -> Non
     one = replace(program, loss=replace(program.loss, count=restrict(
         program.loss.count, ("count",), drop_inputs=True)))
     assert any("denominators" in p for p in parallel_problems(one))
+
+
+def test_a_normaliser_read_twice_is_not_divided_on_its_own(tmp_path: Path) -> None:
+    """Each normaliser of a sum is lowered to its share of the loss; one that something else
+    reads too (here the sum reads it twice) would hand that reader the share: such a loss
+    keeps the single-normaliser rule (TVP414 under token-mean), never a wrong program."""
+    source = TWO_TERMS_LM.replace(
+        "return F.cross_entropy(logits, y_true.flatten()) + 1e-2 * z",
+        "return F.cross_entropy(logits, y_true.flatten()) + 1e-2 * z + 1e-2 * z")
+    model = ("twice.py", source, "TwoTerms")
+    path = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                          "loss-reduction token-mean", "sum")
+    assert lint_spec_codes(path) == ["TVP414"]

@@ -157,10 +157,28 @@ def find_roots(loss: Any) -> tuple[Root, ...] | None:
     found: list[Root] = []
     for term in node.args:
         roots = find_roots(term)
-        if roots is None:
+        if roots is None or not _read_once(term, roots):
             return None
         found += [r for r in roots if all(r.node is not f.node for f in found)]
     return tuple(found)
+
+
+def _read_once(term: torch.fx.Node, roots: tuple[Root, ...]) -> bool:
+    """Whether the sum alone reads ``term`` and every node from it down to its normalisers:
+    a normaliser is lowered to its share of the loss (under token-mean, its local sum over
+    the step's count), which no other reader of the spec's value may see."""
+    todo, seen = [term], set()
+    stops = {r.node for r in roots}
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if len(_readers(node)) != 1:
+            return False
+        if node not in stops:
+            todo.extend(a for a in node.all_input_nodes if not _scalar_constant(a))
+    return True
 
 
 def _through_factors(node: Any) -> Any:

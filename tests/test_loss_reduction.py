@@ -773,28 +773,30 @@ def test_a_loss_summed_over_the_batch_under_a_mean_is_an_error_at_the_statement(
     assert "loss-reduction sum scale=1" in (found.help or "")
 
 
-Z_LM = '''import torch
-import torch.nn.functional as F
-from torch import nn
+def small_lm(cls: str, doc: str, inputs: dict[str, str], body: str) -> str:
+    """The source of a model of one's own: an embedding of 8 tokens into 4 features, a head
+    back to 8 logits, ``inputs`` (name -> the `input_specs` entry) and the forward's
+    ``body`` (indented by 8)."""
+    specs = ", ".join(f'"{name}": {spec}' for name, spec in inputs.items())
+    return (f"import torch\nimport torch.nn.functional as F\nfrom torch import nn\n\n\n"
+            f"class {cls}(nn.Module):\n    \"\"\"{doc}\"\"\"\n\n"
+            "    def __init__(self) -> None:\n        super().__init__()\n"
+            "        self.emb = nn.Embedding(8, 4)\n"
+            "        self.head = nn.Linear(4, 8, bias=False)\n\n"
+            f"    def input_specs(self, batch, seq):\n        return {{{specs}}}\n\n"
+            f"    def forward(self, {', '.join(inputs)}):\n{body}")
 
 
-class ZLM(nn.Module):
-    """Cross-entropy plus PaLM's z-loss, the squared log-sum-exp of the logits."""
+TOKENS = "((batch, seq), torch.int64)"
+IDS = {"ids": TOKENS, "y_true": TOKENS}
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(8, 4)
-        self.head = nn.Linear(4, 8, bias=False)
-
-    def input_specs(self, batch, seq):
-        return {"ids": ((batch, seq), torch.int64), "y_true": ((batch, seq), torch.int64)}
-
-    def forward(self, ids, y_true):
+Z_LM = small_lm("ZLM", "Cross-entropy plus PaLM's z-loss, the squared log-sum-exp of the logits.",
+                IDS, """\
         logits = self.head(torch.tanh(self.emb(ids))).flatten(0, 1)
         z = torch.logsumexp(logits, dim=-1).pow(2).mean()
         ce = F.cross_entropy(logits, y_true.flatten(), reduction="none").mean()
         return ce + 1e-2 * z  # both means over every position: no token count
-'''
+""")
 
 
 def test_a_z_loss_is_proven_under_the_drawn_maximum(tmp_path: Path) -> None:
@@ -816,27 +818,12 @@ def test_a_z_loss_is_proven_under_the_drawn_maximum(tmp_path: Path) -> None:
     assert check_file(wrong, cache=False).verdict == "counterexample"
 
 
-NUM_ITEMS_LM = '''import torch
-import torch.nn.functional as F
-from torch import nn
-
-
-class NumItemsLM(nn.Module):
-    """Hugging Face's loss since transformers 4.46: the step's token count is an input."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(8, 4)
-        self.head = nn.Linear(4, 8, bias=False)
-
-    def input_specs(self, batch, seq):
-        return {"ids": ((batch, seq), torch.int64), "y_true": ((batch, seq), torch.int64),
-                "num_items": ((), torch.float32)}
-
-    def forward(self, ids, y_true, num_items):
+NUM_ITEMS_LM = small_lm(
+    "NumItemsLM", "Hugging Face's loss since transformers 4.46: the token count is an input.",
+    {**IDS, "num_items": "((), torch.float32)"}, """\
         logits = self.head(torch.tanh(self.emb(ids))).flatten(0, 1)
         return F.cross_entropy(logits, y_true.flatten(), reduction="sum") / num_items
-'''
+""")
 
 
 def test_a_sum_divided_by_a_given_count_is_a_sum_of_shares(tmp_path: Path) -> None:
@@ -881,26 +868,12 @@ def test_vocab_parallel_cross_entropy_refuses_a_guarded_count(tmp_path: Path) ->
     assert ("TVP408", 7) in found, found
 
 
-SHIFT_LM = '''import torch
-import torch.nn.functional as F
-from torch import nn
-
-
-class ShiftLM(nn.Module):
-    """Hugging Face's causal-LM loss: the labels are the inputs, shifted inside forward."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(8, 4)
-        self.head = nn.Linear(4, 8, bias=False)
-
-    def input_specs(self, batch, seq):
-        return {"input_ids": ((batch, seq), torch.int64), "labels": ((batch, seq), torch.int64)}
-
-    def forward(self, input_ids, labels):
+SHIFT_LM = small_lm(
+    "ShiftLM", "Hugging Face's causal-LM loss: the labels are the inputs, shifted in forward.",
+    {"input_ids": TOKENS, "labels": TOKENS}, """\
         logits = self.head(torch.tanh(self.emb(input_ids)))[:, :-1, :]
         return F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
-'''
+""")
 
 
 def test_labels_shifted_in_the_model_are_masked_where_they_count(tmp_path: Path) -> None:
@@ -930,28 +903,13 @@ def test_labels_shifted_in_the_model_are_masked_where_they_count(tmp_path: Path)
     assert simulate_file(right).agrees
 
 
-TWO_TERMS_LM = '''import torch
-import torch.nn.functional as F
-from torch import nn
-
-
-class TwoTerms(nn.Module):
-    """A cross-entropy over the labels that count (-100 masked) plus PaLM's z-loss averaged
-    over every position: two normalisers, two counts."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(8, 4)
-        self.head = nn.Linear(4, 8, bias=False)
-
-    def input_specs(self, batch, seq):
-        return {"ids": ((batch, seq), torch.int64), "y_true": ((batch, seq), torch.int64)}
-
-    def forward(self, ids, y_true):
+TWO_TERMS_LM = small_lm(
+    "TwoTerms", "A cross-entropy over the labels that count (-100 masked) plus PaLM's z-loss "
+    "averaged over every position: two normalisers, two counts.", IDS, """\
         logits = self.head(torch.tanh(self.emb(ids))).flatten(0, 1)
         z = torch.logsumexp(logits, dim=-1).pow(2).mean()
         return F.cross_entropy(logits, y_true.flatten()) + 1e-2 * z
-'''
+""")
 
 
 def test_a_loss_with_two_normalisers_divides_each_by_its_own_step_count(tmp_path: Path

@@ -966,3 +966,29 @@ def test_a_normaliser_read_twice_is_not_divided_on_its_own(tmp_path: Path) -> No
     path = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
                           "loss-reduction token-mean", "sum")
     assert lint_spec_codes(path) == ["TVP414"]
+
+
+def test_a_second_draw_where_the_spec_counts_no_token_decides_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second draw's lengths come from {0, 1}; where every one is 0 the spec's own loss
+    is 0/0: that draw says nothing about the plan (never a counterexample, never an error
+    of the reference against torch)."""
+    import trainverify_dsl.api as api
+
+    model = ("len_lm.py", LENGTHS_LM, "LenLM")
+    wrong = own_model_plan(tmp_path, model, "batch 4 seq 4", ("ids", "y_true"),
+                           "loss-scale 1/microbatches\nsplit lengths [dp]", "avg")
+    built = api.build_programs(wrong)
+    real = built.setup.build_real()
+    first = api.step_values(built.program, built.spec, real, 0)
+    original = api.step_values
+
+    def no_tokens(program, reference, model, seed=0, few=False):
+        values = original(program, reference, model, seed, few)
+        if few:
+            values["lengths"] = np.zeros_like(values["lengths"])
+        return values
+
+    monkeypatch.setattr(api, "step_values", no_tokens)
+    assert api.second_draw(built.program, built.spec, built.reference_opt, real, 0) is None
+    assert "lengths" in first

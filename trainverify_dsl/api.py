@@ -39,6 +39,7 @@ from trainverify_dsl.simulate.run import (
     TOLERANCE,
     SimulationResult,
     compare_programs,
+    final_outputs,
     input_masks,
     input_ranges,
     model_vocab,
@@ -375,6 +376,9 @@ def second_draw(program: ParallelProgram, reference: Any, reference_opt: Any, mo
         return None
     progress("drawing again: integer inputs from {0, 1}, so that the blocks count differently")
     values = step_values(program, reference, model, seed, few=True)
+    want = final_outputs(reference.evaluate(values))
+    if not all(np.all(np.isfinite(np.asarray(v, dtype=float))) for v in want.values()):
+        return None  # the spec's own step is undefined there (no token counted at all)
     result = simulate_programs(program, reference, reference_opt, model, seed, progress,
                                values)
     if result.agrees:

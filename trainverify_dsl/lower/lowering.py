@@ -226,11 +226,10 @@ class _Lowering:
         self.algorithm_inputs: list[tuple[torch.fx.Node, tuple[str, ...], Any]] = []
         #: stage -> marked point -> its local value (observed in simulation)
         self.observed: dict[int, dict[str, torch.fx.Node]] = {}
-        #: the spec loss's normaliser when it is lowered by ``lower/loss.py``
-        #: the normalisers the lowering divides itself (``loss.intercepts``)
+        #: the spec loss's normalisers that ``lower/loss.py`` lowers (``loss.intercepts``)
         self.loss_roots: tuple[loss_norm.Root, ...] = ()
-        #: a ``token-mean``'s local token count (a node of the loss stage) and counted axes
-        #: ``token-mean``: each normaliser's local count and the axes its counts sum over
+        #: ``token-mean``: each normaliser's local token count (a node of the loss stage)
+        #: and the axes its counts sum over
         self.loss_counts: list[tuple[torch.fx.Node, tuple[str, ...]]] = []
         #: ``local-mean`` over a token count of split data: the axes whose blocks divide
         #: by their own counts (``loss.normalise``)
@@ -420,8 +419,9 @@ class _Lowering:
             # several normalisers (a token mean plus a z-loss) under token-mean, each with
             # its own count; `sum scale=` scales one
             roots = loss_norm.find_roots(loss) if mode != "sum" else None
-            root = loss_norm.find_root(loss)
-            roots = roots if roots is not None else (root,) if root is not None else ()
+            if roots is None:
+                root = loss_norm.find_root(loss)
+                roots = (root,) if root is not None else ()
             if not roots and mode != "local-mean":
                 raise loss_norm.no_root(self.plan)
             self.found_root = roots[0] if roots else None

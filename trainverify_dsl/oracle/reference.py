@@ -19,7 +19,13 @@ import numpy as np
 import torch
 
 from trainverify_dsl.plan.model import Optimizer
-from trainverify_dsl.simulate.run import draw_bool, input_masks, mask_rows, model_vocab
+from trainverify_dsl.simulate.run import (
+    draw_bool,
+    input_masks,
+    mask_at_random,
+    mask_rows,
+    model_vocab,
+)
 from trainverify_dsl.spec.float64 import Float64
 
 #: torch.optim's state tensors per optimizer kind (SGD without momentum keeps none; with
@@ -64,11 +70,8 @@ def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dt
     for name, ignore in masked.items():
         if name in inputs and not inputs[name][1].is_floating_point and \
                 inputs[name][1] != torch.bool:
-            if few:  # masked at random, half the entries
-                shape = values[name].shape
-                hit = rng.random(shape) < 0.5
-                values[name] = np.where(hit, rng.choice(np.asarray(ignore), size=shape),
-                                        values[name])
+            if few:
+                values[name] = mask_at_random(values[name], ignore, rng)
             else:
                 values[name] = mask_rows(values[name], ignore, (ranges or {}).get(name, vocab))
     for state in STATES[optimizer.kind] if optimizer else ():

@@ -128,10 +128,8 @@ def random_inputs(spec_inputs: Any, model: torch.nn.Module, rng: np.random.Gener
         elif g.type.dtype in INT_DTYPES:
             high = ranges.get(g.name, vocab)
             values[g.name] = rng.integers(0, min(high, 2) if few else high, size=shape)
-            if g.name in masked and few:  # masked at random, half the entries
-                hit = rng.random(shape) < 0.5
-                picks = rng.choice(np.asarray(masked[g.name]), size=shape)
-                values[g.name] = np.where(hit, picks, values[g.name])
+            if g.name in masked and few:
+                values[g.name] = mask_at_random(values[g.name], masked[g.name], rng)
             elif g.name in masked:
                 values[g.name] = mask_rows(values[g.name], masked[g.name], high)
         elif g.kind == "state" and g.name.startswith("v("):
@@ -321,6 +319,15 @@ def mask_rows(ids: np.ndarray, values: tuple[int, ...], high: int) -> np.ndarray
         for k, value in enumerate(values):
             rows[1:, min(k, out.shape[-1] - 2)] = value
     return out
+
+
+def mask_at_random(ids: np.ndarray, values: tuple[int, ...], rng: np.random.Generator
+                   ) -> np.ndarray:
+    """``ids`` with half its entries, at random, set to one of the masking ``values`` (the
+    second draw's masks, ``COUNT_DRAW``: every block counts a different number of tokens
+    wherever it has a few)."""
+    hit = rng.random(ids.shape) < 0.5
+    return np.where(hit, rng.choice(np.asarray(values), size=ids.shape), ids)
 
 
 def draw_bool(shape: tuple[int, ...]) -> np.ndarray:

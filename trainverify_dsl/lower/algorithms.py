@@ -703,10 +703,11 @@ def _cross_entropy_reduction(cx: Context, site: Site, labels: torch.fx.Node,
         raise _not_applicable(site, "the loss divides by a count that is not the number of "
                                     "labels other than an ignore index (no comparison of the "
                                     "labels with a constant in the traced loss)")
-    if root.guards:
+    guards = [g for g in root.guards if packet_name(g.target) != "aten._to_copy"]
+    if guards:  # (a cast of the count changes no value)
         raise _not_applicable(site, "the loss guards its token count against an empty batch "
-                                    f"(`{root.guards[-1].target}`); the algorithm divides by "
-                                    "the count itself, unguarded")
+                                    f"(`{packet_name(guards[-1].target)}`); the algorithm "
+                                    "divides by the count itself, unguarded")
     if root.count is None and not root.summed and ignore is not None:
         raise _not_applicable(site, f"the loss averages over every position, the ignored ones "
                                     f"(label {ignore}) included: the algorithm divides by the "

@@ -32,6 +32,9 @@ the same keys (values that need a simulation are ``null``, or empty, when none r
       "idle_axes": {"tp": 8},      # axes no statement uses, run at size 1; null without one
       "estimated_bytes": 123456,   # the memory estimate checked (TVP501); null without one
       "first_difference": null,    # or a mismatch (below)
+      "reading": null,             # how the first difference differs, when it has values
+      "draw": null,                # or how the inputs compared were drawn, when a second
+                                   # draw (blocks counting differently) found the difference
       "mismatches": [],            # at most 20 mismatches
       "mismatch_count": 0,
       "lineage_mismatches": [],

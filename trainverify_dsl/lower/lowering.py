@@ -765,12 +765,12 @@ class _Lowering:
     def _finish(self, loss: torch.fx.Node, loss_stage: int) -> None:
         for stage, graph in enumerate(self.graphs):
             outs = []
+            counts = iter(self.loss_counts)  # the count slots are in the normalisers' order
             for slot in self.outputs[stage]:
                 if slot.kind == "loss":
                     outs.append(loss)
                 elif slot.kind == "count":
-                    suffix = slot.name[len(loss_norm.COUNT):]
-                    outs.append(self.loss_counts[int(suffix[1:]) if suffix else 0][0])
+                    outs.append(next(counts)[0])
                 else:
                     old = next(n for n in self.sent if n.name == slot.spec)
                     outs.append(self.values[stage][old])

@@ -202,3 +202,22 @@ def test_a_weight_split_on_its_contracted_dimension_is_blamed_not_the_bias(tmp_p
     weight = _line("mlp_dp_tp.tvp", "apply column_parallel_bias")
     assert found[0] == ("TVP403", weight), found
     assert "contracted dimension" in message
+
+
+def test_a_collective_dimension_past_the_values_rank_is_located(tmp_path) -> None:
+    """`all-gather fc1.out over tp dim=2` on a 2-d value (and the other dimension options of
+    every activation collective): an internal IndexError in every command before, found by
+    the fuzz of tvp check (a `dim=` moved). Now TVP406 at the statement."""
+    line = _line("mlp_dp_tp.tvp", "apply column_parallel_bias") + 1
+    for statement, option in (("all-gather fc1.out over tp dim=2", "dim=2"),
+                              ("reduce-scatter fc2.out over tp dim=7", "dim=7"),
+                              ("scatter fc1.in over tp dim=4", "dim=4"),
+                              ("all-to-all fc1.out over tp split-dim=5 concat-dim=0",
+                               "split-dim=5"),
+                              ("all-to-all fc1.out over tp split-dim=0 concat-dim=9",
+                               "concat-dim=9")):
+        found, message = _lint_variant(tmp_path, "mlp_dp_tp.tvp",
+                                       "apply column_parallel_bias(fc1, tp)\n",
+                                       f"apply column_parallel_bias(fc1, tp)\n{statement}\n")
+        assert found == [("TVP406", line)], (statement, found)
+        assert f"{option} is out of range: the value has 2 dimensions" in message

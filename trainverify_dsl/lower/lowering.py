@@ -668,6 +668,16 @@ class _Lowering:
         span = st.origin
         kind = kind_of(st.kind)
         rank = lay.rank
+        for option, given in (("dim", st.dim), ("split-dim", st.split_dim),
+                              ("concat-dim", st.concat_dim)):
+            if given is not None and not -rank <= given < rank:
+                raise LoweringError(Finding(
+                    codes_lower.COLLECTIVE_MISMATCH,
+                    f"{st.kind} {point} over {', '.join(axes)}: {option}={given} is out of "
+                    f"range: the value has {rank} dimension{'' if rank == 1 else 's'} "
+                    f"(0 to {rank - 1})" if rank else
+                    f"{st.kind} {point} over {', '.join(axes)}: {option}={given}, but the "
+                    f"value is a scalar (no dimension to {st.kind} along)", span, point))
         dim = _norm(st.dim if st.dim is not None else (st.split_dim or 0), rank)
         dim2 = _norm(st.concat_dim, rank) if st.concat_dim is not None else -1
         op = st.op or "sum"

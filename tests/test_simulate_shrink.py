@@ -109,6 +109,51 @@ def test_every_divisibility_holds_shrunk_exactly_when_it_holds_at_full_size(
         assert 1 <= shrunk[w] <= widths[w] and (shrunk[w] >= 2 or widths[w] < 2)
 
 
+CHAIN = ("u", "v", "w")  # nested widths, outermost first (Llama: n_kv_heads, kv_group, head_dim)
+
+
+@settings(max_examples=200, deadline=None)
+@given(widths=st.fixed_dictionaries({w: WIDTH for w in CHAIN}), data=st.data())
+def test_nested_widths_keep_every_outer_prefix_divisible_as_at_full_size(
+        widths: dict[str, int], data: st.DataObject) -> None:
+    """A dimension of nested widths is reshaped outer-major: a split falls on an outer prefix,
+    so every prefix (not every sub-product) divides shrunk exactly when it does at full size."""
+    mesh = data.draw(MESH)
+    members = st.lists(st.sampled_from(CHAIN), min_size=1, max_size=3, unique=True)
+    axes = st.lists(st.sampled_from(sorted(mesh)), min_size=1, max_size=3, unique=True).map(
+        lambda names_: {a: mesh[a] for a in names_})
+    rules = data.draw(st.lists(st.builds(lambda m, a, whole: rule(dict.fromkeys(m, 1), a, whole),
+                                         members, axes, st.booleans()), max_size=5))
+    shrunk = shrink_widths(widths, rules, {}, {}, (CHAIN,))
+    for r in rules:
+        assert (product(widths, r) % r.n == 0) == (product(shrunk, r) % r.n == 0), r
+        if not r.whole:
+            ordered = sorted((w for w, _ in r.widths), key=CHAIN.index)
+            for j in range(1, len(ordered) + 1):
+                full = math.prod(widths[w] for w in ordered[:j])
+                small = math.prod(shrunk[w] for w in ordered[:j])
+                assert (full % r.n == 0) == (small % r.n == 0), (r, ordered[:j])
+    for w in widths:
+        assert 1 <= shrunk[w] <= widths[w] and (shrunk[w] >= 2 or widths[w] < 2)
+
+
+def test_heads_absorbing_the_split_leave_head_dim_unsplit() -> None:
+    # Llama3-8B's query rows over tp=8: the 8 kv heads take the whole split; the group ratio
+    # and head_dim keep no tp factor (before: head_dim 8 and kv_group 4, hidden 256)
+    widths = {"n_kv_heads": 8, "kv_group": 4, "head_dim": 128}
+    rules = [rule({"head_dim": 1, "kv_group": 1, "n_kv_heads": 1}, {"tp": 8})]
+    chain = ("n_kv_heads", "kv_group", "head_dim")
+    assert shrink_widths(widths, rules, {"head_dim": 2}, {}, (chain,)) == \
+        {"n_kv_heads": 8, "kv_group": 2, "head_dim": 2}
+    # 4 kv heads over tp=8: the split reaches the group ratio, which keeps its tp factors
+    widths4 = {**widths, "n_kv_heads": 4}
+    assert shrink_widths(widths4, rules, {"head_dim": 2}, {}, (chain,)) == \
+        {"n_kv_heads": 4, "kv_group": 4, "head_dim": 2}
+    # without the nesting (a user's model) every width keeps the factors
+    assert shrink_widths(widths, rules, {"head_dim": 2}, {}) == \
+        {"n_kv_heads": 8, "kv_group": 4, "head_dim": 8}
+
+
 # -- sizes of plans: names mean nothing -----------------------------------------------------
 
 
@@ -299,7 +344,7 @@ def test_a_shrunk_plan_that_loses_a_divisibility_is_an_internal_error_not_agrees
         monkeypatch: pytest.MonkeyPatch) -> None:
     from trainverify_dsl import shrink
 
-    def broken(widths, rules, multiples, least):  # a width of 3 that tp=2 cannot split
+    def broken(widths, rules, multiples, least, chains=()):  # 3: tp=2 cannot split it
         return {w: 3 if w == "d_hidden" else v for w, v in widths.items()}
 
     monkeypatch.setattr(shrink, "shrink_widths", broken)

@@ -18,7 +18,10 @@ derived ones of ``DERIVED`` rewritten as products of independent ones, plus ``ba
    when it feeds a dimension split in zigzag order); for every prime ``p``
    of ``N(w) = prod A(w)`` the shrunk width keeps ``min(v_p(w), v_p(N(w)))`` factors ``p``.
    Because every width of a split dimension keeps enough, every sub-product keeps enough too,
-   so a reshape of that dimension into heads divides as it does at full size. ZeRO blocks are
+   so a reshape of that dimension into heads divides as it does at full size. A dimension made
+   only of a shipped model's nested widths (``nesting``: laid out outer-major) is reshaped
+   onto its outer prefix only: there ``A(w)`` counts the split for the shortest outer prefix
+   whose full-size product it divides (``split_members``). ZeRO blocks are
    the exception (only the whole dimension 0 is cut into blocks): a ZeRO divisibility that the
    widths do not meet yet gets the missing factors from the width with the most to spare.
 3. **Minimum sizes and ratios.** A width that is at least 2 stays at least 2 (the shape
@@ -41,7 +44,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -244,15 +247,47 @@ def _summands(total: int, probe: Mapping[str, int]) -> tuple[str, ...] | None:
 # -- the rule -------------------------------------------------------------------------------
 
 
+def nesting(model: str) -> tuple[tuple[str, ...], ...]:
+    """The model's nested widths, outermost first, from ``DERIVED`` (Llama: ``n_kv_heads``,
+    ``kv_group``, ``head_dim``, as ``hidden = n_heads * head_dim`` and ``n_heads = n_kv_heads
+    * kv_group``): a dimension that is a product of some of them is laid out outer-major
+    (the shipped models' ``split_heads``, ``merge_heads``, ``repeat_kv``)."""
+    expansion: dict[str, tuple[str, ...]] = {}
+    for field, (outer, inner) in DERIVED.get(model, ()):
+        expansion[field] = expansion.get(outer, (outer,)) + (inner,)
+    return tuple(expansion.values())
+
+
+def split_members(rule: Divisibility, widths: Mapping[str, int],
+                  chains: Sequence[tuple[str, ...]] = ()) -> tuple[str, ...]:
+    """The widths a split reaches: every member of its dimension, except for a dimension made
+    of nested widths only (each once, ``nesting``), which is laid out outer-major: there the
+    split falls on the shortest outer prefix whose full-size product it divides, and the
+    inner widths are not cut at full size, nor shrunk, where the prefix keeps the factors."""
+    members = rule.members()
+    if rule.sums or len(members) < 2 or any(e != 1 for _, e in rule.widths):
+        return members
+    chain = next((c for c in chains if set(members) <= set(c)), None)
+    if chain is None:
+        return members
+    ordered = sorted(members, key=chain.index)
+    for j in range(1, len(ordered) + 1):
+        if math.prod(widths[w] for w in ordered[:j]) % rule.n == 0:
+            return tuple(ordered[:j])
+    return members
+
+
 def keep_exponents(widths: Mapping[str, int], rules: list[Divisibility],
-                   multiples: Mapping[str, int]) -> dict[str, dict[int, int]]:
+                   multiples: Mapping[str, int],
+                   chains: Sequence[tuple[str, ...]] = ()) -> dict[str, dict[int, int]]:
     """Per width and mesh prime, how many factors the shrunk width keeps (step 2 of the
-    module docstring, with the model's own multiples), before the minimum sizes."""
+    module docstring, with the model's own multiples), before the minimum sizes.
+    ``chains``: the model's nested widths (``nesting``)."""
     primes = mesh_primes(rules, multiples)
     axes_of: dict[str, dict[str, int]] = {w: {} for w in widths}
     for rule in rules:
         if not rule.whole:
-            for w in rule.members():
+            for w in split_members(rule, widths, chains):
                 axes_of[w].update(rule.axes)
     keep = {w: {p: min(_valuation(widths[w], p),
                        sum(_valuation(n, p) for n in axes_of[w].values()))
@@ -306,9 +341,11 @@ def _kept(rule: Divisibility, keep: Mapping[str, Mapping[int, int]], p: int) -> 
 
 
 def shrink_widths(widths: Mapping[str, int], rules: list[Divisibility],
-                  multiples: Mapping[str, int], least: Mapping[str, int]) -> dict[str, int]:
-    """The shrunk value of every width (the rule of the module docstring)."""
-    keep = keep_exponents(widths, rules, multiples)
+                  multiples: Mapping[str, int], least: Mapping[str, int],
+                  chains: Sequence[tuple[str, ...]] = ()) -> dict[str, int]:
+    """The shrunk value of every width (the rule of the module docstring); ``chains``: the
+    model's nested widths (``nesting``)."""
+    keep = keep_exponents(widths, rules, multiples, chains)
     primes = mesh_primes(rules, multiples)
     out = {}
     for w, full in widths.items():
@@ -476,18 +513,30 @@ def _width_fields(plan: Plan, config: dict[str, Any], model: str, model_ref: Any
     inside the model (``head_dim = hid // heads``), and the model may compare positions with
     a constant of its own (a sliding window of 2 is plain causal attention at ``seq`` 2):
     shrunk, it would prove another model, so it keeps its value."""
-    from trainverify_dsl.resources import RESOURCES
-    from trainverify_dsl.spec.load import ModelRef, model_class, resolve_ref
+    from trainverify_dsl.spec.load import model_class
 
-    assert plan.spec is not None
-    ref = model_ref if isinstance(model_ref, ModelRef) else \
-        resolve_ref(plan.spec.model, plan.spec.config)
-    shipped = Path(ref.file).resolve().is_relative_to(RESOURCES.stdlib_dir.resolve())
-    if model in DERIVED and shipped:
+    if _shipped(plan, model, model_ref):
         return config, frozenset()
-    declared = getattr(model_class(ref), "WIDTHS", ())
+    declared = getattr(model_class(_ref(plan, model_ref)), "WIDTHS", ())
     return ({k: v for k, v in config.items() if k in declared},
             frozenset(k for k in INPUT_SIZES if k not in declared))
+
+
+def _ref(plan: Plan, model_ref: Any) -> Any:
+    from trainverify_dsl.spec.load import ModelRef, resolve_ref
+
+    assert plan.spec is not None
+    return model_ref if isinstance(model_ref, ModelRef) else \
+        resolve_ref(plan.spec.model, plan.spec.config)
+
+
+def _shipped(plan: Plan, model: str, model_ref: Any) -> bool:
+    """A model class of the stdlib's (its file there, however the path or config names it)
+    with a row in ``DERIVED``: the tables describe it."""
+    from trainverify_dsl.resources import RESOURCES
+
+    return model in DERIVED and Path(_ref(plan, model_ref).file).resolve().is_relative_to(
+        RESOURCES.stdlib_dir.resolve())
 
 
 def point_shapes(model: Any, inputs: Mapping[str, Any], points: set[str]
@@ -609,7 +658,9 @@ def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) 
     shapes = point_shapes(fake, specs, points) if points else {}
     rules = plan_divisibilities(plan, binding, shapes, probe, primes, constants)
     least = {w: lowest(config) for w, _, lowest in bounds if w in full}
-    widths = {**shrink_widths(full, rules, multiples, least), **{w: full[w] for w in kept}}
+    chains = nesting(model) if _shipped(plan, model, model_ref) else ()
+    widths = {**shrink_widths(full, rules, multiples, least, chains),
+              **{w: full[w] for w in kept}}
     overrides = config_values(widths, config, model)
     return Shrunk({k: v for k, v in overrides.items() if config.get(k) != v},
                   widths["batch"], widths["seq"], widths, full, tuple(rules))

@@ -448,7 +448,8 @@ class _Binder:
                 else:
                     scattered_by[name] = st
             for problem, params in bad.items():
-                self.error(problem.format(params=_shown(params)), st.origin,
+                verb = "has" if len(params) == 1 else "each have"
+                self.error(problem.format(params=_shown(params), verb=verb), st.origin,
                            code=codes_plan.SPLIT_NOT_DIVISIBLE)
         self._optimizer_consumes(final, scattered_by)
         b.grad_layouts = final
@@ -479,7 +480,7 @@ class _Binder:
         dim = st.dim if st.dim is not None else 0
         if not -lay.rank <= dim < lay.rank:
             return (f"`{st.kind} {st.target}` scatters dimension {dim}, but {{params}} "
-                    f"{'has' if lay.rank == 1 else 'have'} {lay.rank} dimension(s)")
+                    f"{{verb}} {lay.rank} dimension{'' if lay.rank == 1 else 's'}")
         dim %= lay.rank
         group = ways(st.axes, self.sizes)
         local = lay.local_shape(self.sizes)[dim]

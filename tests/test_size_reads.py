@@ -46,6 +46,23 @@ MODELS = textwrap.dedent('''\
             return ((h - y.reshape(y.shape[0], -1)) ** 2).sum(-1).mean()
 
 
+    def _norm(g):
+        mu = g.mean(1, keepdim=True)
+        return (g - mu) / torch.sqrt(((g - mu) ** 2).mean(1, keepdim=True) + 1e-5)
+
+
+    class TwoGroups(Net):
+        def forward(self, x, y):  # ghost batch norm: 2 virtual batches of rows
+            h = _norm(self.fc(x).view(2, -1, 4)).view(x.shape)  # LINE groups
+            return ((h - y) ** 2).mean()
+
+
+    class GroupsOfTwo(Net):
+        def forward(self, x, y):  # virtual batches of 2 rows: the same on any rank
+            h = _norm(self.fc(x).view(-1, 2, 2, 4).flatten(1, 2)).view(x.shape)
+            return ((h - y) ** 2).mean()
+
+
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
@@ -137,6 +154,33 @@ def test_sizes_as_shape_arguments_and_means_are_not_reads(tmp_path: Path) -> Non
     path = plan(tmp_path, "Mean", DP_AVG)
     assert size_errors(path) == []
     assert check_file(path, allow_model_outside_root=True).verdict == "verified"
+
+
+def test_a_view_fixing_the_number_of_row_groups_is_an_error_at_the_model_line(
+        tmp_path: Path) -> None:
+    """Ghost batch norm with 2 virtual batches (`h.view(2, -1, d)`) over dp=2: the lowering
+    gives the view its local sizes, so each rank normalised the spec's group of 4 rows and
+    the plan was VERIFIED (simulate and run-distributed agreed); a real rank cuts its 4 rows
+    into 2 groups of 2 (found by an outside user's DistributedDataParallel run). Groups of a
+    fixed size are the same on every rank and are not reported."""
+    path = plan(tmp_path, "TwoGroups", DP_AVG)
+    [error] = [d for d in layout_diagnostics(path, allow_model_outside_root=True)
+               if d.code.id == "TVP313"]
+    assert error.span.file.endswith("models.py") and error.span.line == line_of("groups")
+    assert "into 2 groups" in error.message
+    assert any("dimension 0 of `x` over dp" in n for n in error.notes)
+    verdict = check_file(path, allow_model_outside_root=True)
+    assert verdict.verdict != "verified"
+    microbatched = plan(tmp_path, "TwoGroups", "mesh dp=1\nmicrobatches 2\n"
+                        "loss-scale 1/microbatches\n")
+    assert [d.code.id for d in layout_diagnostics(microbatched, allow_model_outside_root=True)
+            if d.code.id == "TVP313"] == ["TVP313"]
+    unsplit = plan(tmp_path, "TwoGroups", "mesh dp=2\nall-reduce grad(params) over dp op=avg\n")
+    assert not any(d.code.id == "TVP313" for d in
+                   layout_diagnostics(unsplit, allow_model_outside_root=True))
+    fixed_size = plan(tmp_path, "GroupsOfTwo", DP_AVG)
+    assert layout_diagnostics(fixed_size, allow_model_outside_root=True) == []
+    assert check_file(fixed_size, allow_model_outside_root=True).verdict == "verified"
 
 
 @pytest.mark.parametrize("model,config", [

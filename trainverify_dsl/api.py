@@ -274,7 +274,7 @@ def _size_reads(setup: SimulationSetup, binding: Any, fallback: Span) -> list[Di
     """TVP311 for every number of the model's arithmetic that follows the input sizes
     (``spec/sizes.py``) when the plan splits a dimension that changes with them: the trace
     holds the global size, a rank of a real run its own."""
-    from trainverify_dsl.report.codes_spec import SIZE_READ
+    from trainverify_dsl.report.codes_spec import FIXED_COUNT_ALONG_SPLIT, SIZE_READ
     from trainverify_dsl.spec.load import model_input_specs
     from trainverify_dsl.spec.sizes import size_reads
     from trainverify_dsl.spec.trace import stack_span
@@ -299,6 +299,17 @@ def _size_reads(setup: SimulationSetup, binding: Any, fallback: Span) -> list[Di
         seen.add((read.op, read.frame, read.value))
         notes = tuple(f"the plan splits dimension {dim} of `{name}` over {', '.join(axes)}"
                       for name, dim, axes in hit)
+        if read.fixed:
+            found.append(Diagnostic(
+                FIXED_COUNT_ALONG_SPLIT, f"`{read.op}` cuts a dimension that grows with the "
+                f"inputs into {read.value:g} groups (still {read.value:g} when the inputs "
+                "grow): the checked program gives the view its local sizes, but each rank of "
+                f"a real run cuts its own rows into {read.value:g} groups, so the step checked "
+                "would not be the step run",
+                stack_span(read.frame) if read.frame else fallback, notes,
+                help="fix the size of a group instead of their number (`view(-1, 4, d)`), "
+                     "or do not split that dimension"))
+            continue
         found.append(Diagnostic(
             SIZE_READ, f"`{read.op}` computes with {read.value:g}, a size of the inputs read "
             f"in Python (it is {read.doubled:g} when the inputs grow): the trace holds the "

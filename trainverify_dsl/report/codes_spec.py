@@ -140,8 +140,25 @@ SHRUNK_BELOW_CONSTANT = Code(
     fix='class Net(nn.Module):\n    WIDTHS = ("hidden",)           # vocab kept at its size',
 )
 
+FIXED_COUNT_ALONG_SPLIT = Code(
+    "TVP313", "fixed-count-along-split", Severity.ERROR,
+    "a view fixes a count along a dimension the plan splits",
+    what="A `view` or `reshape` of the model cuts a dimension that grows with the inputs "
+         "(the batch, the sequence) into a fixed number of groups (`h.view(2, -1, d)`), and "
+         "the plan splits that dimension (data ranks, microbatches, context parallelism). "
+         "The checked program gives the view its local sizes, so each rank holds the spec's "
+         "groups; each rank of a real run runs the model's code and cuts its own rows into "
+         "that many groups.",
+    why="Ghost batch norm with a fixed number of virtual batches, a softmax over `reshape(4, "
+        "-1)`: on a rank with half the rows every group is half as large, and statistics or "
+        "normalisations over a group differ from the single-device step. The plan would be "
+        "verified and the run would train another model.",
+    example="# model code: g = h.view(2, -1, d)       # two groups of rows",
+    fix="# model code: g = h.view(-1, 4, d)       # groups of four rows, on any rank",
+)
+
 CODES: tuple[Code, ...] = (
     MODEL_NOT_FOUND, CONFIG_NOT_FOUND, MODEL_LOAD_FAILED, UNSUPPORTED_OP,
     DATA_DEPENDENT_SHAPE, TRACE_FAILED, BAD_INPUT_SPEC, IR_INVALID, BLOCK_REUSE_FALLBACK,
-    MODEL_OUTSIDE_ROOT, SIZE_READ, SHRUNK_BELOW_CONSTANT,
+    MODEL_OUTSIDE_ROOT, SIZE_READ, SHRUNK_BELOW_CONSTANT, FIXED_COUNT_ALONG_SPLIT,
 )

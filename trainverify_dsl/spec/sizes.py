@@ -13,7 +13,9 @@ The reads are found by exporting the model's forward at the plan's sizes, again 
 graphs of one structure whose arithmetic ops differ in a number hold a number that follows
 the sizes. Shape
 arguments (``view``, ``expand``, ``arange``, ``slice`` ends) are not arithmetic and may
-differ. To keep the cost independent of depth, the model is exported with its block list
+differ, except a view that cuts a growing dimension into a fixed number of groups
+(``_fixed_outer``, TVP313): a rank of a real run makes that many groups of its own rows.
+To keep the cost independent of depth, the model is exported with its block list
 replaced by a stub (``spec/cut.py``; the embedding, the head and the loss, where a
 normaliser sits) and the first block of each class on its own. Graphs whose structure
 changes with the sizes (a Python loop over rows) and models whose ``input_specs`` or
@@ -22,6 +24,7 @@ forward reject the larger sizes are not compared: nothing is reported for them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +49,9 @@ ARITHMETIC = frozenset({
     "addcmul", "addcdiv", "scalar_tensor", "full_like", "maximum", "minimum",
 })
 
+#: ATen view ops (by overload packet): a count they fix along a growing dimension is read too
+VIEWS = frozenset({"view", "_unsafe_view", "reshape"})
+
 #: (batch, seq) -> {input: (shape, dtype)}
 SpecsAt = Callable[[int, int], Mapping[str, tuple[Any, torch.dtype]]]
 
@@ -60,6 +66,8 @@ class SizeRead:
     #: the ATen op (``div``) and the model code calling it (``path:line``, or ``""``)
     op: str
     frame: str
+    #: a view fixing ``value`` groups along a dimension that grows (``_fixed_outer``)
+    fixed: bool = False
 
 
 def size_reads(model: nn.Module, specs_at: SpecsAt, batch: int, seq: int
@@ -130,12 +138,55 @@ def _compare(small: Any, large: Any) -> Iterator[SizeRead]:
         return  # the structure follows the sizes: not compared
     for x, y in zip(a, b, strict=True):
         op = _packet(x.target) if x.op == "call_function" else ""
+        if op in VIEWS:
+            count = _fixed_outer(x, y)
+            if count is not None:
+                yield SizeRead(count, count, op, user_frame(x.meta.get("stack_trace")),
+                               fixed=True)
+            continue
         if op not in ARITHMETIC:
             continue
         for u, v in zip(_leaves((x.args, x.kwargs)), _leaves((y.args, y.kwargs)), strict=False):
             if _number(u) and _number(v) and u != v:
                 yield SizeRead(u, v, op, user_frame(x.meta.get("stack_trace")))
                 break
+
+
+def _fixed_outer(small: Any, large: Any) -> int | None:
+    """The count a view fixes along a dimension that grows with the inputs: the output
+    dimension that starts where the input's growing dimension starts (the outer part of it)
+    keeps its size when that dimension doubles (``h.view(2, -1, d)``: two groups of rows,
+    whatever the rows). A rank of a real run makes that many groups of its own rows; the
+    lowering (which gives a view its local sizes) makes the spec's groups. ``None`` when the
+    outer part follows the size (``view(-1, 4, d)``: groups of 4 rows)."""
+    shapes = [_shape(n) for n in (small.args[0], small, large.args[0], large)]
+    if any(shape is None for shape in shapes):
+        return None
+    si, so, li, lo = shapes
+    if len(si) != len(li) or len(so) != len(lo):
+        return None
+    for i, (m, n) in enumerate(zip(si, li, strict=True)):
+        if m == n:
+            continue
+        before, k, at = math.prod(si[:i]), 0, 1
+        while k < len(so) and at < before:  # the output dimension where dimension i starts
+            at *= so[k]
+            k += 1
+        while k < len(so) and so[k] == 1 and lo[k] == 1:
+            k += 1
+        if at == before and k < len(so) and so[k] == lo[k] > 1:
+            return so[k]
+    return None
+
+
+def _shape(node: Any) -> tuple[int, ...] | None:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor):
+        return None
+    try:
+        return tuple(int(n) for n in value.shape)
+    except (TypeError, ValueError):  # a symbolic size
+        return None
 
 
 def _packet(target: Any) -> str:

@@ -123,6 +123,11 @@ MODELS = textwrap.dedent('''\
             return self.lin(x).sum()
 
 
+    class Dropout(Tiny):
+        def forward(self, x):
+            return torch.nn.functional.dropout(self.lin(x), 0.5).mean()  # LINE dropout
+
+
     class NoParams(nn.Module):
         def input_specs(self, batch, seq):
             return {"x": ((batch, 4), torch.float32)}
@@ -279,6 +284,25 @@ def test_a_plans_model_failing_in_the_capture_is_a_diagnostic(command, case, mod
     assert f"models.py:{line_of(marker)}:" in text and f"[{code}]" in text, text
     assert words in text, text
     assert "internal error" not in text and "Traceback" not in text, text
+
+
+@pytest.mark.parametrize("command", [["simulate"], ["check"]])
+def test_a_random_op_in_the_plans_stages_is_a_diagnostic(command, models, capsys) -> None:
+    """Dropout (and randn, rand, randperm, ...) in forward: the plan's stage programs met it
+    before the spec's trace did, and `tvp simulate` / `tvp check` ended with "internal error:
+    UnsupportedOps: aten.native_dropout" (exit 2, no place; found by an outside user). Now
+    TVP304 at the model line, as `tvp spec` and `tvp run-distributed` said."""
+    plan = models / "dropout.tvp"
+    plan.write_text('plan p\nspec "models.py:Dropout" batch 4 seq 1\n'
+                    "spec-optimizer sgd lr=0.1\nmesh dp=2\n"
+                    "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.1\n",
+                    encoding="utf-8")
+    exit_code = main([*command, str(plan), "--allow-model-outside-root"])
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert exit_code == 1, text
+    assert f"models.py:{line_of('dropout')}:" in text and "[TVP304]" in text, text
+    assert "native_dropout" in text and "internal error" not in text, text
 
 
 def test_a_plan_over_a_model_without_parameters_is_a_diagnostic(models, capsys) -> None:

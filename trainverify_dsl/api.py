@@ -540,7 +540,8 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     setup: SimulationSetup = prepare(path, shrink=shrink, real=False,
                                      allow_model_outside_root=allow_model_outside_root)
     setup.plan, idle = without_idle_axes(setup.plan)
-    from trainverify_dsl.spec.trace import trace_training_step
+    from trainverify_dsl.spec.fx_import import UnsupportedOps
+    from trainverify_dsl.spec.trace import trace_training_step, unsupported_error
 
     reference_opt = spec_optimizer(setup.plan)
     shrunk = bool(setup.overrides)
@@ -573,7 +574,10 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
         message = "; ".join(f.message for f in lowered.findings)
         raise ShrinkingLostDivisibility(f"the shrunk plan (sizes {setup.overrides}) has "
                                         f"findings the full-size plan has not: {message}")
-    program = parallel_program(lowered)
+    try:
+        program = parallel_program(lowered)
+    except UnsupportedOps as error:  # an op of the plan's stages with no IR meaning (dropout)
+        raise unsupported_error(error) from None
     progress("tracing the reference step")
     # block by block, every block exported and each distinct one differentiated once
     # (spec/fx_key.py): the same values as one flat trace, a fraction of its cost

@@ -165,6 +165,20 @@ def test_an_embedding_group_over_some_of_the_stages_is_refused(tmp_path: Path) -
         run_distributed(path, timeout=TIMEOUT)
 
 
+def test_a_false_layout_claim_is_never_agreed(tmp_path: Path) -> None:
+    """`partial grad(fc1.weight) over dp op=sum` where the gradient is averaged: no value the
+    ranks compare changes, so the oracle said "agrees" (exit 0) while `tvp simulate` and
+    `tvp check` reject the plan (TVP407; found by a differential test of the two). The
+    values still agree; the plan does not."""
+    text = (ROOT / "plans" / "mlp_tiny_dp.tvp").read_text()
+    path = tmp_path / "false_claim.tvp"
+    path.write_text(text + "partial grad(fc1.weight) over dp op=sum\n", encoding="utf-8")
+    result = run_distributed(path, timeout=TIMEOUT)
+    assert result.values_agree and not result.agrees
+    assert "TVP407" in result.layout_errors[0]
+    assert "rejected" in result.summary() and "layout pass reports 1 error" in result.summary()
+
+
 @pytest.mark.parametrize("path", NOT_LOWERABLE, ids=_id)
 def test_bug_plan_cannot_be_lowered(path: str, fast_bugs: dict[str, OracleResult]) -> None:
     result = fast_bugs[path]

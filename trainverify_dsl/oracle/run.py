@@ -67,10 +67,16 @@ class OracleResult:
     rank_seconds: float = 0.0
     #: how the inputs compared were drawn, when not the first draw (``COUNT_DRAW``)
     draw: str = ""
+    #: the full-size layout pass's errors (``RankJob.layout_errors``): never "agrees" beside
+    layout_errors: tuple[str, ...] = ()
+
+    @property
+    def values_agree(self) -> bool:
+        return self.error is None and not self.differences and self.max_rel_error < TOLERANCE
 
     @property
     def agrees(self) -> bool:
-        return self.error is None and not self.differences and self.max_rel_error < TOLERANCE
+        return self.values_agree and not self.layout_errors
 
     @property
     def first(self) -> Difference | None:
@@ -79,7 +85,8 @@ class OracleResult:
     def summary(self) -> str:
         if self.error is not None:
             return f"{self.plan}: not run: {self.error}"
-        verdict = "agrees" if self.agrees else "differs"
+        verdict = "agrees" if self.agrees else "rejected: its values agree" \
+            if self.values_agree else "differs"
         text = (f"{self.plan}: {verdict} with single-device torch: max relative error "
                 f"{self.max_rel_error:.3g} over {self.compared} tensors on {self.ranks} ranks "
                 f"({self.seconds:.1f} s)")
@@ -89,6 +96,11 @@ class OracleResult:
             text += f"; first difference: {f.tensor}{where} (relative error {f.rel_error:.3g})"
         if self.draw:
             text += f"; the inputs compared: {self.draw} (the first draw agreed)"
+        if self.layout_errors:
+            count = len(self.layout_errors)
+            text += (f"; the layout pass reports {count} error{'' if count == 1 else 's'}, "
+                     f"which no value compared here shows (first: {self.layout_errors[0]}); "
+                     "run `tvp lint --spec`")
         return text
 
 
@@ -97,9 +109,10 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float,
     """Resolve, build, lower (here, once: the ranks are forked from this process), draw the
     values and run the reference step. Raises ``LoweringError`` / ``OracleError``;
     ``allow_model_outside_root``: see ``api.prepare``."""
-    from trainverify_dsl.api import prepare, resolve_plan, unheld_mask
+    from trainverify_dsl.api import _layout_pass, prepare, resolve_plan, unheld_mask
     from trainverify_dsl.lower.lowering import lower
     from trainverify_dsl.oracle.reference import draw_values, reference_step
+    from trainverify_dsl.report.diagnostics import Severity
     from trainverify_dsl.simulate.run import model_vocab, unheld_masks
 
     plan = resolve_plan(path)
@@ -122,6 +135,12 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float,
         raise OracleError(f"{path}: `loss-reduction {plan.loss_reduction.mode}` is not run by "
                           "the oracle (its ranks run the default local mean, each dividing its "
                           "loss by its own count, not the plan's reduction; use `tvp simulate`)")
+    # the full-size layout pass of every other command: its errors (a false layout claim, a
+    # view the model's own code would run otherwise on a rank: TVP313) change no value the
+    # ranks compare, so the plan is never said to agree beside them
+    findings, _ = _layout_pass(path, allow_model_outside_root)
+    layout_errors = tuple(f"{d.span.file}:{d.span.line}:{d.span.col}: {d.message} "
+                          f"[{d.code.id}]" for d in findings if d.severity is Severity.ERROR)
     setup = prepare(path, allow_model_outside_root=allow_model_outside_root)
     assert setup.real_model is not None
     lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
@@ -145,7 +164,8 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float,
         raise
     folder.mkdir(parents=True)
     magnitude = max((float(np.max(np.abs(v))) for v in reference.values() if v.size), default=1)
-    return RankJob(lowered, values, reference, folder, seed, FLOOR * magnitude, timeout)
+    return RankJob(lowered, values, reference, folder, seed, FLOOR * magnitude, timeout,
+                   layout_errors=layout_errors)
 
 
 def _input_draws(setup: Any, plan: Any
@@ -192,7 +212,7 @@ def run_distributed(path: str | Path, seed: int = 0, timeout: float = 120.0,
         job = _prepare(Path(path).resolve(), Path(tmp) / "plan", seed, timeout,
                        allow_model_outside_root)
         result = _run(str(path), job, timeout)
-        if result.agrees and (job.lowered.local_counts or job.lowered.fixed_count):
+        if result.values_agree and (job.lowered.local_counts or job.lowered.fixed_count):
             # a plan dividing by per-block counts (TVP415): drawn again so that the blocks
             # count differently, as `tvp simulate` does
             from trainverify_dsl.simulate.run import COUNT_DRAW
@@ -200,7 +220,7 @@ def run_distributed(path: str | Path, seed: int = 0, timeout: float = 120.0,
             again = _run(str(path), _prepare(Path(path).resolve(), Path(tmp) / "again",
                                              seed, timeout, allow_model_outside_root,
                                              few=True), timeout)
-            if again.error is None and not again.agrees:
+            if again.error is None and not again.values_agree:
                 again.draw, result = COUNT_DRAW, again
         result.seconds = time.perf_counter() - start
     if result.error is not None:
@@ -257,7 +277,7 @@ def _run(key: str, job: RankJob, timeout: float) -> OracleResult:
 
 
 def _collect(key: str, job: RankJob, world: int, timeout: float) -> OracleResult:
-    result = OracleResult(key, world)
+    result = OracleResult(key, world, layout_errors=job.layout_errors)
     ranks: list[dict[str, Any]] = []
     reported: list[tuple[int, str, str]] = []
     killed: list[int] = []

@@ -48,6 +48,9 @@ class RankJob:
     #: ``"torch"`` (each collective one torch.distributed call) or ``"project"`` (the
     #: project's ``tvp.collective`` over its DistCommunicator)
     collectives: str = "torch"
+    #: the full-size layout pass's errors (``path:line:col: message [code]``): the values
+    #: may agree, the plan is still rejected (a false layout claim changes no value)
+    layout_errors: tuple[str, ...] = ()
 
 
 def run_rank_job(job: RankJob, rank: int) -> dict[str, Any]:

@@ -221,3 +221,39 @@ def test_a_collective_dimension_past_the_values_rank_is_located(tmp_path) -> Non
                                        f"apply column_parallel_bias(fc1, tp)\n{statement}\n")
         assert found == [("TVP406", line)], (statement, found)
         assert f"{option} is out of range: the value has 2 dimensions" in message
+
+
+GRAM = '''import torch
+from torch import nn
+
+
+class Gram(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def input_specs(self, batch, seq):
+        return {"x": ((batch, 4), torch.float32)}
+
+    def forward(self, x):
+        h = self.fc(x)
+        return ((h @ h.T) ** 2).mean()  # in-batch similarities: every pair of rows
+'''
+
+
+def test_a_product_of_two_row_splits_is_a_located_layout_error(tmp_path) -> None:
+    """`h @ h.T` with the rows split over dp (an in-batch contrastive or Gram loss without
+    an all-gather): the result was laid out split over dp along both dimensions, so each
+    rank computed its diagonal block only; `tvp lint --spec` said nothing and `tvp check`
+    placed its counterexample at the `spec` line (found by an outside user). Now TVP403 at
+    the split, in every command."""
+    from trainverify_dsl.api import layout_diagnostics
+
+    (tmp_path / "gram.py").write_text(GRAM, encoding="utf-8")
+    path = tmp_path / "gram.tvp"
+    path.write_text('plan p\nspec "gram.py:Gram" batch 8 seq 1\nspec-optimizer sgd lr=0.1\n'
+                    "mesh dp=2\nsplit x [dp, -]\nall-reduce grad(params) over dp op=avg\n"
+                    "optimizer sgd lr=0.1\n", encoding="utf-8")
+    found = layout_diagnostics(path, allow_model_outside_root=True)
+    assert [(d.code.id, d.span.line) for d in found] == [("TVP403", 5)], found
+    assert "split over dp along dimensions 0 and 1" in found[0].message

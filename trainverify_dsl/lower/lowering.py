@@ -576,6 +576,9 @@ class _Lowering:
                 result = self._fallback(node, name)
             else:
                 result = rule(self, node.args, dict(node.kwargs), node.meta.get("val"))
+            for lay in result.layout if isinstance(result.layout, tuple) else (result.layout,):
+                if isinstance(lay, TLayout):
+                    _one_factor_per_axis(lay, self.sizes)
         except LayoutError as error:
             blamed = self._operand_cause(node, error) or (
                 self.cause_for(error.axes) if error.axes else self.current_cause)
@@ -808,6 +811,23 @@ def _floating(node: Any) -> bool:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _one_factor_per_axis(lay: TLayout, sizes: dict[str, int]) -> None:
+    """A mesh axis splits at most one dimension of a value: over two (``a @ b.T`` with the
+    rows of both split over dp) each rank would hold its diagonal block only, and no rank the
+    others."""
+    seen: dict[str, int] = {}
+    for d, dim in enumerate(lay.dims):
+        for f in dim:
+            for a in f.axes:
+                if sizes.get(a, 1) > 1 and a in seen:
+                    where = f"dimensions {seen[a]} and {d}" if seen[a] != d else \
+                        f"two factors of dimension {d}"
+                    raise LayoutError(f"the result would be split over {a} along {where}: "
+                                      "each rank would hold only its diagonal block, and no "
+                                      "rank the others (gather one operand first)", (a,))
+                seen[a] = d
 
 
 def _norm(d: int | None, rank: int) -> int:

@@ -56,6 +56,12 @@ MODELS = textwrap.dedent('''\
             return ((self.out(h) - tgt) ** 2).mean()
 
 
+    class RampNet(NormNet):
+        def forward(self, inp, tgt):  # a factory given no dtype: float32 by default
+            h = self.fc(inp) * torch.linspace(0.5, 1.5, 8)
+            return ((self.out(h) - tgt) ** 2).mean()
+
+
     class MaxPool(nn.Module):
         def forward(self, h):
             return h.amax(dim=1)
@@ -177,3 +183,17 @@ def test_the_distributed_oracle_agrees_on_a_float32_cast(tmp_path: Path) -> None
     result = run_distributed(str(plan(tmp_path, "NormNet")), allow_model_outside_root=True)
     assert result.error is None, result.error
     assert result.compared > 0 and result.max_rel_error < 1e-12
+
+
+def test_a_factory_without_a_dtype_is_float64_in_every_eager_run(tmp_path: Path) -> None:
+    """`torch.linspace(0.5, 1.5, 8)` in forward: the default dtype made it float32 in the
+    eager runs, while the IR evaluates in float64, so `tvp check` and `tvp simulate` stopped
+    with "the reference step's IR differs from eager torch (2.9e-08): please report it"
+    (exit 2) and the oracle said "differs" on a correct plan (found by an outside user)."""
+    from trainverify_dsl.oracle import run_distributed
+
+    path = plan(tmp_path, "RampNet")
+    verdict = check_file(path, allow_model_outside_root=True)
+    assert verdict.verdict == "verified", verdict.reason
+    result = run_distributed(str(path), allow_model_outside_root=True)
+    assert result.agrees and result.max_rel_error < 1e-12, result.summary()

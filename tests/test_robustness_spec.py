@@ -123,6 +123,25 @@ MODELS = textwrap.dedent('''\
             return self.lin(x).sum()
 
 
+    class BufferWrite(Tiny):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("acc", torch.zeros(4))
+
+        def forward(self, x):
+            h = self.lin(x)
+            self.acc.add_(h.detach().sum(0))  # LINE buffer
+            return h.mean()
+
+
+    class NoGradBufferWrite(BufferWrite):
+        def forward(self, x):
+            h = self.lin(x)
+            with torch.no_grad():  # export keeps it in a no-grad region until decomposed
+                self.acc.add_(h.sum(0))
+            return h.mean()
+
+
     class Dropout(Tiny):
         def forward(self, x):
             return torch.nn.functional.dropout(self.lin(x), 0.5).mean()  # LINE dropout
@@ -259,7 +278,10 @@ def test_cli_process_exit_code_and_clean_stderr(models) -> None:
 
 PLAN_MODEL_CASES = [("Effects", "TVP304", "effects", "'_print'"),
                     ("DataDependent", "TVP305", "branch", "value-dependent"),
-                    ("Raises", "TVP306", "raises", "RuntimeError: boom")]
+                    ("Raises", "TVP306", "raises", "RuntimeError: boom"),
+                    # a running statistic written in forward: state the spec does not model
+                    # (the reference silently disagreed with eager torch on a gradient)
+                    ("BufferWrite", "TVP304", "buffer", "writes the buffer `acc` in place")]
 
 
 @pytest.mark.parametrize("command", [["lint", "--spec"], ["simulate"], ["check"]])
@@ -303,6 +325,24 @@ def test_a_random_op_in_the_plans_stages_is_a_diagnostic(command, models, capsys
     assert exit_code == 1, text
     assert f"models.py:{line_of('dropout')}:" in text and "[TVP304]" in text, text
     assert "native_dropout" in text and "internal error" not in text, text
+
+
+@pytest.mark.parametrize("command", [["lint", "--spec"], ["check"]])
+def test_a_buffer_written_under_no_grad_is_a_diagnostic(command, models, capsys) -> None:
+    """`with torch.no_grad(): self.acc.add_(h.sum(0))`: `tvp check` stopped with "the
+    reference step's IR differs from eager torch on grad(...)" (exit 2) and the oracle with a
+    traceback (found by an outside user). Now TVP304, naming the buffer."""
+    plan = models / "nograd.tvp"
+    plan.write_text('plan p\nspec "models.py:NoGradBufferWrite" batch 4 seq 1\n'
+                    "spec-optimizer sgd lr=0.1\nmesh dp=2\n"
+                    "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.1\n",
+                    encoding="utf-8")
+    exit_code = main([*command, str(plan), "--allow-model-outside-root"])
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert exit_code == 1, text
+    assert "[TVP304]" in text and "writes the buffer `acc` in place" in text, text
+    assert "internal error" not in text and "eager torch" not in text, text
 
 
 def test_a_plan_over_a_model_without_parameters_is_a_diagnostic(models, capsys) -> None:

@@ -28,6 +28,7 @@ from trainverify_dsl.spec.marks import MARK, install_marks  # noqa: F401 (MARK r
 from trainverify_dsl.spec.trace import (
     canonical_names,
     decompositions,
+    refuse_buffer_writes,
     torch_deprecations_ignored,
     trace_error,
 )
@@ -66,6 +67,7 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
     # the reference step's table (spec/trace.py): both forwards decomposed alike
     with torch_deprecations_ignored():
         exported = exported.run_decompositions(decompositions())
+    refuse_buffer_writes(exported)  # functional now: a write under no_grad shows too
     _drop_value_checks(exported.graph_module.graph)
     signature = exported.graph_signature
     data_names = list(inputs)

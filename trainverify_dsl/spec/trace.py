@@ -176,7 +176,32 @@ def _export(module: nn.Module, args: tuple[Any, ...]) -> Any:
     # On failure torch.export prints the partial graph to stderr; the error is reported as a
     # diagnostic instead.
     with contextlib.redirect_stderr(io.StringIO()), torch_deprecations_ignored():
-        return torch.export.export(module, args, strict=False)
+        exported = torch.export.export(module, args, strict=False)
+    refuse_buffer_writes(exported)
+    return exported
+
+
+def refuse_buffer_writes(exported: Any) -> None:
+    """TVP304 at the model line when the forward writes a buffer in place (a running sum of
+    activations, BatchNorm's running statistics): the step would carry state from one step
+    to the next, which the IR has no meaning for (its value was silently wrong: the reference
+    disagreed with eager torch on a gradient)."""
+    from trainverify_dsl.report.diagnostics import Diagnostic
+
+    mutated = dict(getattr(exported.graph_signature, "buffers_to_mutate", {}) or {})
+    if not mutated:
+        return
+    nodes = {n.name: n for n in exported.graph.nodes}
+    diagnostics = []
+    for output, buffer in mutated.items():
+        node = nodes.get(output)
+        frame = user_frame(node.meta.get("stack_trace")) if node is not None else ""
+        diagnostics.append(Diagnostic(
+            codes.UNSUPPORTED_OP, f"the forward writes the buffer `{buffer}` in place: the "
+            "training step would carry state to the next step, which the spec does not model",
+            stack_span(frame), (), "keep the statistics outside the training step's forward "
+            "(a hook or a separate pass), or make them a value the loss uses"))
+    raise SpecError(diagnostics)
 
 
 def _export_key(exported: Any) -> tuple[Any, ...] | None:
@@ -199,6 +224,7 @@ def _differentiate(exported: Any, args: tuple[Any, ...]) -> torch.fx.GraphModule
     table = decompositions()
     with torch_deprecations_ignored():
         exported = exported.run_decompositions(table)  # as a plan stage's forward is
+    refuse_buffer_writes(exported)  # functional now: a write under no_grad shows too
     with contextlib.ExitStack() as stack:
         joint = aot_export_joint_with_descriptors(stack, exported.module(), args,
                                                   decompositions=table)

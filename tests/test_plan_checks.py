@@ -68,6 +68,13 @@ CASES = [
      "reduce-scatter grad(params) over dp dim=0\n"),
     (codes.INVALID_BACKWARD, "copy x over tp backward copy\n",
      "copy x over tp backward identity\n"),
+    # a stated backward runs along the statement's own dimension options (Rule 3.3)
+    (codes.MISSING_OPTION, "copy x over tp backward all-gather\n",
+     "all-gather x over tp dim=0 backward all-gather\n"),
+    (codes.MISSING_OPTION, "all-reduce x over tp backward reduce-scatter\n",
+     "all-reduce x over tp backward all-reduce\n"),
+    (codes.MISSING_OPTION, "reduce-scatter x over tp dim=0 backward all-to-all\n",
+     "reduce-scatter x over tp dim=0 backward all-gather\n"),
     (codes.UNKNOWN_REDUCE_OP, "place x [R, P(prod), R]\n", "place x [R, P(max), R]\n"),
     (codes.UNKNOWN_ALGORITHM, "algorithm ring-attention for attn over tp\n",
      "algorithm context-parallel-attention for attn over tp\n"),

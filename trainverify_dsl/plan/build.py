@@ -60,6 +60,13 @@ _INT_SETTINGS = {"batch": 1, "seq": 1, "n_layers": 0}
 _EXPRESSION_NAMES = ("batch", "seq")
 
 
+#: The dimension options a stated backward of each kind runs along (Rule 3.3).
+REQUIRED_OPTIONS_OF_BACKWARD: dict[str, tuple[str, ...]] = {
+    "all-gather": ("dim",), "reduce-scatter": ("dim",), "scatter": ("dim",),
+    "all-to-all": ("split-dim", "concat-dim"),
+}
+
+
 @dataclass(slots=True)
 class _Parts:
     collectives: list[Collective] = field(default_factory=list)
@@ -382,6 +389,7 @@ class Builder:
         return Fraction(value)
 
     def _required(self, stmt: ast.CollectiveStmt, origin: Origin, text: str) -> None:
+        self._backward_dims(stmt, origin, text)
         given = {o.key.name for o in stmt.options}
         for key in vocab.REQUIRED_OPTIONS.get(stmt.kind, ()):
             if key in given:
@@ -393,6 +401,26 @@ class Builder:
                     codes.MISSING_OPTION, f"{stmt.kind} needs the option '{key}='", origin,
                     notes=[f"in: {text}"],
                     help=f"state the tensor dimension, e.g. '{key}=0'"))
+
+    def _backward_dims(self, stmt: ast.CollectiveStmt, origin: Origin, text: str) -> None:
+        """A stated backward runs along the statement's own dimension options (Rule 3.3): a
+        backward that gathers, scatters or reduce-scatters needs the forward to state a
+        dimension, an all-to-all backward both of an all-to-all's; else it would run along a
+        dimension nobody wrote."""
+        backward = stmt.backward.name if stmt.backward is not None else None
+        if backward is None or stmt.kind == backward:
+            return
+        needs = REQUIRED_OPTIONS_OF_BACKWARD.get(backward, ())
+        states = vocab.REQUIRED_OPTIONS.get(stmt.kind, ())
+        if needs and not (set(needs) <= set(states) or
+                          (needs == ("dim",) and states)):
+            shown = " and ".join(f"'{k}='" for k in needs)
+            self.collector.add(messages.at(
+                codes.MISSING_OPTION, f"`backward {backward}` runs along {shown}, which "
+                f"`{stmt.kind}` does not state", origin, notes=[f"in: {text}"],
+                help=f"a `{stmt.kind}` has no dimension for its backward to {backward} along: "
+                     "state the collective whose backward this is instead (`all-gather ... "
+                     "dim=N backward reduce-scatter`)"))
 
     def _reduce_op(self, option: ast.Option, construct: str, origin: Origin) -> str | None:
         known = vocab.COLLECTIVE_REDUCE_OPS.get(construct, vocab.REDUCE_OPS)

@@ -257,3 +257,38 @@ def test_a_product_of_two_row_splits_is_a_located_layout_error(tmp_path) -> None
     found = layout_diagnostics(path, allow_model_outside_root=True)
     assert [(d.code.id, d.span.line) for d in found] == [("TVP403", 5)], found
     assert "split over dp along dimensions 0 and 1" in found[0].message
+
+
+MAXLOSS = '''import torch
+from torch import nn
+
+
+class MaxLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def input_specs(self, batch, seq):
+        return {"x": ((batch, 4), torch.float32), "y": ((batch, 4), torch.float32)}
+
+    def forward(self, x, y):
+        return ((self.fc(x) - y) ** 2).amax()  # the worst element of the batch
+'''
+
+
+def test_a_loss_that_is_a_maximum_over_split_data_is_found_by_the_layout_pass(tmp_path) -> None:
+    """`err.amax()` over rows split over dp: each rank's loss is its own block's maximum,
+    and no loss reduction makes the step's. `tvp lint --spec` said nothing (only the numeric
+    comparison of simulate and check found it, at the `spec` line; an outside user's find).
+    Now TVP414 at the split."""
+    from trainverify_dsl.api import layout_diagnostics
+
+    (tmp_path / "maxloss.py").write_text(MAXLOSS, encoding="utf-8")
+    path = tmp_path / "maxloss.tvp"
+    path.write_text('plan p\nspec "maxloss.py:MaxLoss" batch 8 seq 1\nspec-optimizer sgd lr=0.1\n'
+                    "mesh dp=2\nsplit x [dp, -]\nsplit y [dp, -]\n"
+                    "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.1\n",
+                    encoding="utf-8")
+    found = layout_diagnostics(path, allow_model_outside_root=True)
+    assert [(d.code.id, d.span.line) for d in found] == [("TVP414", 5)], found
+    assert "the loss is a maximum over dp" in found[0].message

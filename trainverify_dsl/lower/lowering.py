@@ -758,6 +758,17 @@ class _Lowering:
         else:
             final, lay = final
         self.lineages["loss"] = lay
+        if isinstance(lay, TLayout) and lay.partial and lay.partial[0] in ("max", "min"):
+            # a maximum over split data (`err.amax()`): each rank's loss is the extreme of its
+            # own block, and no loss reduction (a mean or sum of the local losses) makes the
+            # extreme of the step, nor gives only its argument a gradient
+            self.findings.append(Finding(
+                codes_lower.LOSS_REDUCTION_MISMATCH,
+                f"the loss is a {lay.partial[0]}imum over {', '.join(lay.partial[1])}: each "
+                f"rank's loss is the {lay.partial[0]}imum of its own block, which no "
+                "loss-reduction combines into the step's (docs/semantics.md Rule 4.5)",
+                lay.cause, "loss", f"all-reduce the value over {', '.join(lay.partial[1])} "
+                f"with op={lay.partial[0]} before the loss takes it, or do not split its data"))
         for claim in self.binding.claims_at("loss"):  # a claim on `loss` (§4.6)
             problem = claim_problem(claim, lay, self.sizes)
             if problem:

@@ -143,10 +143,16 @@ def _broadcast(ctx: RuleCtx, name: str, args: tuple[Any, ...], kwargs: dict[str,
                 name == "aten.mul" or partials[0] is layouts[0]):
             result = result.with_partial(first.partial, first.cause)
         else:
-            ctx.finding(codes_lower.PARTIAL_NONLINEAR, f"{_op(name)} applied to a partial sum over "
-                        f"{', '.join(first.partial[1])} (it is not linear): reduce it first",
+            kind = PARTIAL_KINDS.get(first.partial[0], first.partial[0])
+            ctx.finding(codes_lower.PARTIAL_NONLINEAR, f"{_op(name)} applied to a partial {kind} "
+                        f"over {', '.join(first.partial[1])} (each rank holds its own piece's "
+                        f"{kind}; the op does not commute with combining them): reduce it first",
                         first)
     return Result(result, tuple(new_args), new_kwargs)
+
+
+#: how a partial value's combining op reads in a message
+PARTIAL_KINDS = {"sum": "sum", "avg": "average", "max": "maximum", "min": "minimum"}
 
 
 def _op(name: str) -> str:

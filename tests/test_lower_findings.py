@@ -223,22 +223,42 @@ def test_a_collective_dimension_past_the_values_rank_is_located(tmp_path) -> Non
         assert f"{option} is out of range: the value has 2 dimensions" in message
 
 
-GRAM = '''import torch
+USER_MODELS = '''import torch
 from torch import nn
 
 
-class Gram(nn.Module):
+class Net(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(4, 4)
 
     def input_specs(self, batch, seq):
-        return {"x": ((batch, 4), torch.float32)}
+        return {"x": ((batch, 4), torch.float32), "y": ((batch, 4), torch.float32)}
 
-    def forward(self, x):
+
+class Gram(Net):
+    def forward(self, x, y):
         h = self.fc(x)
         return ((h @ h.T) ** 2).mean()  # in-batch similarities: every pair of rows
+
+
+class MaxLoss(Net):
+    def forward(self, x, y):
+        return ((self.fc(x) - y) ** 2).amax()  # the worst element of the batch
 '''
+
+
+def _lint_user_model(tmp_path, cls: str) -> list:
+    """The layout pass of a dp=2 plan splitting the rows of both inputs of ``cls``."""
+    from trainverify_dsl.api import layout_diagnostics
+
+    (tmp_path / "user_models.py").write_text(USER_MODELS, encoding="utf-8")
+    path = tmp_path / f"{cls.lower()}.tvp"
+    path.write_text(f'plan p\nspec "user_models.py:{cls}" batch 8 seq 1\n'
+                    "spec-optimizer sgd lr=0.1\nmesh dp=2\nsplit x [dp, -]\nsplit y [dp, -]\n"
+                    "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.1\n",
+                    encoding="utf-8")
+    return layout_diagnostics(path, allow_model_outside_root=True)
 
 
 def test_a_product_of_two_row_splits_is_a_located_layout_error(tmp_path) -> None:
@@ -247,33 +267,9 @@ def test_a_product_of_two_row_splits_is_a_located_layout_error(tmp_path) -> None
     rank computed its diagonal block only; `tvp lint --spec` said nothing and `tvp check`
     placed its counterexample at the `spec` line (found by an outside user). Now TVP403 at
     the split, in every command."""
-    from trainverify_dsl.api import layout_diagnostics
-
-    (tmp_path / "gram.py").write_text(GRAM, encoding="utf-8")
-    path = tmp_path / "gram.tvp"
-    path.write_text('plan p\nspec "gram.py:Gram" batch 8 seq 1\nspec-optimizer sgd lr=0.1\n'
-                    "mesh dp=2\nsplit x [dp, -]\nall-reduce grad(params) over dp op=avg\n"
-                    "optimizer sgd lr=0.1\n", encoding="utf-8")
-    found = layout_diagnostics(path, allow_model_outside_root=True)
+    found = _lint_user_model(tmp_path, "Gram")
     assert [(d.code.id, d.span.line) for d in found] == [("TVP403", 5)], found
     assert "split over dp along dimensions 0 and 1" in found[0].message
-
-
-MAXLOSS = '''import torch
-from torch import nn
-
-
-class MaxLoss(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-
-    def input_specs(self, batch, seq):
-        return {"x": ((batch, 4), torch.float32), "y": ((batch, 4), torch.float32)}
-
-    def forward(self, x, y):
-        return ((self.fc(x) - y) ** 2).amax()  # the worst element of the batch
-'''
 
 
 def test_a_loss_that_is_a_maximum_over_split_data_is_found_by_the_layout_pass(tmp_path) -> None:
@@ -281,14 +277,6 @@ def test_a_loss_that_is_a_maximum_over_split_data_is_found_by_the_layout_pass(tm
     and no loss reduction makes the step's. `tvp lint --spec` said nothing (only the numeric
     comparison of simulate and check found it, at the `spec` line; an outside user's find).
     Now TVP414 at the split."""
-    from trainverify_dsl.api import layout_diagnostics
-
-    (tmp_path / "maxloss.py").write_text(MAXLOSS, encoding="utf-8")
-    path = tmp_path / "maxloss.tvp"
-    path.write_text('plan p\nspec "maxloss.py:MaxLoss" batch 8 seq 1\nspec-optimizer sgd lr=0.1\n'
-                    "mesh dp=2\nsplit x [dp, -]\nsplit y [dp, -]\n"
-                    "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.1\n",
-                    encoding="utf-8")
-    found = layout_diagnostics(path, allow_model_outside_root=True)
+    found = _lint_user_model(tmp_path, "MaxLoss")
     assert [(d.code.id, d.span.line) for d in found] == [("TVP414", 5)], found
     assert "the loss is a maximum over dp" in found[0].message

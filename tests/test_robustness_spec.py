@@ -308,20 +308,26 @@ def test_a_plans_model_failing_in_the_capture_is_a_diagnostic(command, case, mod
     assert "internal error" not in text and "Traceback" not in text, text
 
 
+def _run_replicated(command: list[str], models: Path, cls: str, capsys) -> tuple[int, str]:
+    """``command`` on a dp=2 plan over the model ``cls`` with its data replicated: the exit
+    code and everything printed."""
+    plan = models / f"{cls.lower()}_replicated.tvp"
+    plan.write_text(f'plan p\nspec "models.py:{cls}" batch 4 seq 1\n'
+                    "spec-optimizer sgd lr=0.1\nmesh dp=2\n"
+                    "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.1\n",
+                    encoding="utf-8")
+    exit_code = main([*command, str(plan), "--allow-model-outside-root"])
+    out = capsys.readouterr()
+    return exit_code, out.out + out.err
+
+
 @pytest.mark.parametrize("command", [["simulate"], ["check"]])
 def test_a_random_op_in_the_plans_stages_is_a_diagnostic(command, models, capsys) -> None:
     """Dropout (and randn, rand, randperm, ...) in forward: the plan's stage programs met it
     before the spec's trace did, and `tvp simulate` / `tvp check` ended with "internal error:
     UnsupportedOps: aten.native_dropout" (exit 2, no place; found by an outside user). Now
     TVP304 at the model line, as `tvp spec` and `tvp run-distributed` said."""
-    plan = models / "dropout.tvp"
-    plan.write_text('plan p\nspec "models.py:Dropout" batch 4 seq 1\n'
-                    "spec-optimizer sgd lr=0.1\nmesh dp=2\n"
-                    "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.1\n",
-                    encoding="utf-8")
-    exit_code = main([*command, str(plan), "--allow-model-outside-root"])
-    out = capsys.readouterr()
-    text = out.out + out.err
+    exit_code, text = _run_replicated(command, models, "Dropout", capsys)
     assert exit_code == 1, text
     assert f"models.py:{line_of('dropout')}:" in text and "[TVP304]" in text, text
     assert "native_dropout" in text and "internal error" not in text, text
@@ -332,14 +338,7 @@ def test_a_buffer_written_under_no_grad_is_a_diagnostic(command, models, capsys)
     """`with torch.no_grad(): self.acc.add_(h.sum(0))`: `tvp check` stopped with "the
     reference step's IR differs from eager torch on grad(...)" (exit 2) and the oracle with a
     traceback (found by an outside user). Now TVP304, naming the buffer."""
-    plan = models / "nograd.tvp"
-    plan.write_text('plan p\nspec "models.py:NoGradBufferWrite" batch 4 seq 1\n'
-                    "spec-optimizer sgd lr=0.1\nmesh dp=2\n"
-                    "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.1\n",
-                    encoding="utf-8")
-    exit_code = main([*command, str(plan), "--allow-model-outside-root"])
-    out = capsys.readouterr()
-    text = out.out + out.err
+    exit_code, text = _run_replicated(command, models, "NoGradBufferWrite", capsys)
     assert exit_code == 1, text
     assert "[TVP304]" in text and "writes the buffer `acc` in place" in text, text
     assert "internal error" not in text and "eager torch" not in text, text

@@ -873,8 +873,9 @@ def claim_problem(claim: Any, lay: TLayout, sizes: Mapping[str, int]) -> str | N
             return f"claimed partial({placement.op}) over {axis}, but the value is " \
                    f"partial({lay.partial[0]}) over it"
         if kind != "Partial" and derived_partial:
+            assert lay.partial is not None
             return (f"claimed {'split' if kind == 'Shard' else 'replicated'} over {axis}, but "
-                    f"the value is a partial sum over it (a reduction is missing)")
+                    f"the value is partial({lay.partial[0]}) over it (a reduction is missing)")
         if kind == "Shard" and placement.dim not in derived_dims:
             return f"claimed split over {axis} on dimension {placement.dim}, derived " \
                    f"{lay.describe()}"

@@ -67,7 +67,8 @@ class OracleResult:
     rank_seconds: float = 0.0
     #: how the inputs compared were drawn, when not the first draw (``COUNT_DRAW``)
     draw: str = ""
-    #: the full-size layout pass's errors (``RankJob.layout_errors``): never "agrees" beside
+    #: the full-size layout pass's errors (``RankJob.layout_errors``): a plan with any is
+    #: never said to agree, whatever its values
     layout_errors: tuple[str, ...] = ()
 
     @property
@@ -98,9 +99,9 @@ class OracleResult:
             text += f"; the inputs compared: {self.draw} (the first draw agreed)"
         if self.layout_errors:
             count = len(self.layout_errors)
-            text += (f"; the layout pass reports {count} error{'' if count == 1 else 's'}, "
-                     f"which no value compared here shows (first: {self.layout_errors[0]}); "
-                     "run `tvp lint --spec`")
+            unseen = ", which no value compared here shows" if self.values_agree else ""
+            text += (f"; the layout pass reports {count} error{'' if count == 1 else 's'}"
+                     f"{unseen} (first: {self.layout_errors[0]}); run `tvp lint --spec`")
         return text
 
 

@@ -503,7 +503,7 @@ def _zero_blocks(plan: Plan, binding: Any, axes: Callable[[tuple[str, ...]], Any
 INPUT_SIZES = ("batch", "seq")
 
 
-def _width_fields(plan: Plan, config: dict[str, Any], model: str, model_ref: Any
+def _width_fields(plan: Plan, config: dict[str, Any], shipped: bool, model_ref: Any
                   ) -> tuple[dict[str, Any], frozenset[str]]:
     """The config fields that are widths, and the input sizes kept at their values. A shipped
     model's (its file in the stdlib, however the path or config names it): every field, the
@@ -515,7 +515,7 @@ def _width_fields(plan: Plan, config: dict[str, Any], model: str, model_ref: Any
     shrunk, it would prove another model, so it keeps its value."""
     from trainverify_dsl.spec.load import model_class
 
-    if _shipped(plan, model, model_ref):
+    if shipped:
         return config, frozenset()
     declared = getattr(model_class(_ref(plan, model_ref)), "WIDTHS", ())
     return ({k: v for k, v in config.items() if k in declared},
@@ -629,7 +629,8 @@ def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) 
 
     assert plan.spec is not None and plan.mesh is not None
     config, model = _config(plan, settings), _class_name(plan)
-    fields, kept = _width_fields(plan, config, model, model_ref)
+    shipped = _shipped(plan, model, model_ref)
+    fields, kept = _width_fields(plan, config, shipped, model_ref)
     constants = bool(kept) or any(type(v) is int for k, v in config.items() if k not in fields)
     full = independent_widths(fields, model, plan.spec.batch or 1, plan.spec.seq or 1)
     if set(full) <= kept:  # a user's model that lists no widths: nothing is shrunk
@@ -658,7 +659,7 @@ def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) 
     shapes = point_shapes(fake, specs, points) if points else {}
     rules = plan_divisibilities(plan, binding, shapes, probe, primes, constants)
     least = {w: lowest(config) for w, _, lowest in bounds if w in full}
-    chains = nesting(model) if _shipped(plan, model, model_ref) else ()
+    chains = nesting(model) if shipped else ()
     widths = {**shrink_widths(full, rules, multiples, least, chains),
               **{w: full[w] for w in kept}}
     overrides = config_values(widths, config, model)

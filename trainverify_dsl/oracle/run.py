@@ -106,10 +106,12 @@ class OracleResult:
 
 
 def _prepare(path: Path, folder: Path, seed: int, timeout: float,
-             allow_model_outside_root: bool = False, few: bool = False) -> RankJob:
+             allow_model_outside_root: bool = False, few: bool = False,
+             layout_errors: tuple[str, ...] | None = None) -> RankJob:
     """Resolve, build, lower (here, once: the ranks are forked from this process), draw the
     values and run the reference step. Raises ``LoweringError`` / ``OracleError``;
-    ``allow_model_outside_root``: see ``api.prepare``."""
+    ``allow_model_outside_root``: see ``api.prepare``. ``layout_errors``: the layout pass's,
+    when a first draw of the plan found them already."""
     from trainverify_dsl.api import _layout_pass, prepare, resolve_plan, unheld_mask
     from trainverify_dsl.lower.lowering import lower
     from trainverify_dsl.oracle.reference import draw_values, reference_step
@@ -139,9 +141,11 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float,
     # the full-size layout pass of every other command: its errors (a false layout claim, a
     # view the model's own code would run otherwise on a rank: TVP313) change no value the
     # ranks compare, so the plan is never said to agree beside them
-    findings, _ = _layout_pass(path, allow_model_outside_root)
-    layout_errors = tuple(f"{d.span.file}:{d.span.line}:{d.span.col}: {d.message} "
-                          f"[{d.code.id}]" for d in findings if d.severity is Severity.ERROR)
+    if layout_errors is None:
+        findings, _ = _layout_pass(path, allow_model_outside_root)
+        layout_errors = tuple(f"{d.span.file}:{d.span.line}:{d.span.col}: {d.message} "
+                              f"[{d.code.id}]" for d in findings
+                              if d.severity is Severity.ERROR)
     setup = prepare(path, allow_model_outside_root=allow_model_outside_root)
     assert setup.real_model is not None
     lowered = lower(setup.plan, setup.fake_model, setup.fake_inputs)
@@ -220,7 +224,8 @@ def run_distributed(path: str | Path, seed: int = 0, timeout: float = 120.0,
 
             again = _run(str(path), _prepare(Path(path).resolve(), Path(tmp) / "again",
                                              seed, timeout, allow_model_outside_root,
-                                             few=True), timeout)
+                                             few=True, layout_errors=job.layout_errors),
+                         timeout)
             if again.error is None and not again.values_agree:
                 again.draw, result = COUNT_DRAW, again
         result.seconds = time.perf_counter() - start

@@ -176,9 +176,7 @@ def _export(module: nn.Module, args: tuple[Any, ...]) -> Any:
     # On failure torch.export prints the partial graph to stderr; the error is reported as a
     # diagnostic instead.
     with contextlib.redirect_stderr(io.StringIO()), torch_deprecations_ignored():
-        exported = torch.export.export(module, args, strict=False)
-    refuse_buffer_writes(exported)
-    return exported
+        return torch.export.export(module, args, strict=False)
 
 
 def refuse_buffer_writes(exported: Any) -> None:

@@ -276,6 +276,23 @@ def test_cli_process_exit_code_and_clean_stderr(models) -> None:
     assert "[TVP305]" in lines[0] and len(lines) == 2, result.stderr  # diagnostic + help only
 
 
+#: a dp=2 plan's statements with the data replicated on every rank
+REPLICATED = "all-reduce grad(params) over dp op=avg\n"
+
+
+def _run_plan(command: list[str], models: Path, cls: str, capsys, body: str = REPLICATED
+              ) -> tuple[int, str]:
+    """``command`` on a dp=2 plan over the model ``cls`` with the statements ``body``: the
+    exit code and everything printed."""
+    plan = models / f"{cls.lower()}.tvp"
+    plan.write_text(f'plan p\nspec "models.py:{cls}" batch 4 seq 1\n'
+                    f"spec-optimizer sgd lr=0.1\nmesh dp=2\n{body}optimizer sgd lr=0.1\n",
+                    encoding="utf-8")
+    exit_code = main([*command, str(plan), "--allow-model-outside-root"])
+    out = capsys.readouterr()
+    return exit_code, out.out + out.err
+
+
 PLAN_MODEL_CASES = [("Effects", "TVP304", "effects", "'_print'"),
                     ("DataDependent", "TVP305", "branch", "value-dependent"),
                     ("Raises", "TVP306", "raises", "RuntimeError: boom"),
@@ -294,31 +311,12 @@ def test_a_plans_model_failing_in_the_capture_is_a_diagnostic(command, case, mod
     internal error (exit 2; ``api.check`` raised). Every plan command now reports it at the
     model line, as ``tvp spec`` does."""
     cls, code, marker, words = case
-    plan = models / f"{cls}.tvp"
-    plan.write_text(f'plan p\nspec "models.py:{cls}" batch 4 seq 1\n'
-                    "spec-optimizer sgd lr=0.1\nmesh dp=2\nsplit x [dp, -]\n"
-                    "all-reduce grad(params) over dp op=sum\noptimizer sgd lr=0.1\n",
-                    encoding="utf-8")
-    exit_code = main([*command, str(plan), "--allow-model-outside-root"])
-    out = capsys.readouterr()
-    text = out.out + out.err
+    exit_code, text = _run_plan(command, models, cls, capsys,
+                                "split x [dp, -]\nall-reduce grad(params) over dp op=sum\n")
     assert exit_code == 1, text
     assert f"models.py:{line_of(marker)}:" in text and f"[{code}]" in text, text
     assert words in text, text
     assert "internal error" not in text and "Traceback" not in text, text
-
-
-def _run_replicated(command: list[str], models: Path, cls: str, capsys) -> tuple[int, str]:
-    """``command`` on a dp=2 plan over the model ``cls`` with its data replicated: the exit
-    code and everything printed."""
-    plan = models / f"{cls.lower()}_replicated.tvp"
-    plan.write_text(f'plan p\nspec "models.py:{cls}" batch 4 seq 1\n'
-                    "spec-optimizer sgd lr=0.1\nmesh dp=2\n"
-                    "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.1\n",
-                    encoding="utf-8")
-    exit_code = main([*command, str(plan), "--allow-model-outside-root"])
-    out = capsys.readouterr()
-    return exit_code, out.out + out.err
 
 
 @pytest.mark.parametrize("command", [["simulate"], ["check"]])
@@ -327,7 +325,7 @@ def test_a_random_op_in_the_plans_stages_is_a_diagnostic(command, models, capsys
     before the spec's trace did, and `tvp simulate` / `tvp check` ended with "internal error:
     UnsupportedOps: aten.native_dropout" (exit 2, no place; found by an outside user). Now
     TVP304 at the model line, as `tvp spec` and `tvp run-distributed` said."""
-    exit_code, text = _run_replicated(command, models, "Dropout", capsys)
+    exit_code, text = _run_plan(command, models, "Dropout", capsys)
     assert exit_code == 1, text
     assert f"models.py:{line_of('dropout')}:" in text and "[TVP304]" in text, text
     assert "native_dropout" in text and "internal error" not in text, text
@@ -338,7 +336,7 @@ def test_a_buffer_written_under_no_grad_is_a_diagnostic(command, models, capsys)
     """`with torch.no_grad(): self.acc.add_(h.sum(0))`: `tvp check` stopped with "the
     reference step's IR differs from eager torch on grad(...)" (exit 2) and the oracle with a
     traceback (found by an outside user). Now TVP304, naming the buffer."""
-    exit_code, text = _run_replicated(command, models, "NoGradBufferWrite", capsys)
+    exit_code, text = _run_plan(command, models, "NoGradBufferWrite", capsys)
     assert exit_code == 1, text
     assert "[TVP304]" in text and "writes the buffer `acc` in place" in text, text
     assert "internal error" not in text and "eager torch" not in text, text

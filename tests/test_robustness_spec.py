@@ -340,6 +340,10 @@ def test_a_buffer_written_under_no_grad_is_a_diagnostic(command, models, capsys)
     assert exit_code == 1, text
     assert "[TVP304]" in text and "writes the buffer `acc` in place" in text, text
     assert "internal error" not in text and "eager torch" not in text, text
+    status, output = spec_run(capsys, str(models / "models.py") + ":NoGradBufferWrite")
+    assert status != 0 and "[TVP304]" in output, output
+    # the write's frame after decomposition is FX's generated code, which is no model line
+    assert "<eval_with_key>" not in output and "models.py:" in output, output
 
 
 def test_a_plan_over_a_model_without_parameters_is_a_diagnostic(models, capsys) -> None:

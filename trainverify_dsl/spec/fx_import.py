@@ -73,7 +73,9 @@ def user_frame(stack_trace: str | None) -> str:
 def _is_model_code(path: str) -> bool:
     if path.startswith(f"{RESOURCES.stdlib_dir}/"):
         return True
-    return "site-packages" not in path and "/trainverify_dsl/" not in path
+    # not torch's, not ours, and no code generated at run time (FX's `<eval_with_key>.N`)
+    return "site-packages" not in path and "/trainverify_dsl/" not in path and \
+        not path.startswith("<")
 
 
 def _origin(node: torch.fx.Node, strip: str) -> Origin:

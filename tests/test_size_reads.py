@@ -206,3 +206,30 @@ def test_the_shipped_models_read_no_size(model: str, config: str,
         return
     monkeypatch.setattr(sizes, "ARITHMETIC", Every())
     assert size_reads(fake, lambda b, s: model_input_specs(fake, b, s), 8, 4) != []
+
+
+def test_only_sizes_that_change_a_split_dimension_are_traced(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each size compared exports the model once more: a plan that splits no data dimension
+    (tensor parallel alone) traces none, one that splits the batch only traces the batch's,
+    and what is reported for the batch is what a full run reports for it."""
+    from trainverify_dsl.spec import sizes
+
+    root = Path(__file__).resolve().parent.parent
+    fake = load_model(resolve_ref("stdlib/models/llama.py:Llama", "llama_tiny",
+                                  ModelAccess(base=root)), fake=True)
+    exported: list[object] = []
+    graphs = sizes._graphs
+    monkeypatch.setattr(sizes, "_graphs",
+                        lambda *args: exported.append(args) or graphs(*args))
+    monkeypatch.setattr(sizes, "ARITHMETIC", type("Every", (), {
+        "__contains__": lambda self, op: True})())
+    specs = lambda b, s: model_input_specs(fake, b, s)  # noqa: E731
+    assert size_reads(fake, specs, 8, 4, wanted=lambda changed: False) == []
+    assert not exported
+    everything = size_reads(fake, specs, 8, 4)
+    assert len(exported) == 3
+    exported.clear()
+    batch = size_reads(fake, specs, 8, 4, wanted=lambda changed: ("tokens", 0) in changed)
+    assert len(exported) == 2
+    assert batch and batch == [r for r in everything if ("tokens", 0) in r[1]]

@@ -282,14 +282,16 @@ def _size_reads(setup: SimulationSetup, binding: Any, fallback: Span) -> list[Di
     plan = setup.plan
     assert plan.spec is not None
     model = setup.fake_model
-    reads = size_reads(model, lambda b, s: model_input_specs(model, b, s),
-                       plan.spec.batch or 1, plan.spec.seq or 1)
     split = {(name, dim): axes for name, layout in binding.data_layouts.items()
              for dim, axes in layout.dim_axes if axes}
     if plan.microbatches > 1:  # microbatches cut dimension 0 of every batched input (4.1)
         for name in setup.input_specs:
             if name not in binding.unbatched:
                 split[(name, 0)] = ("microbatches",) + tuple(split.get((name, 0), ()))
+    # a size that changes no split dimension is not traced (nothing to report for it)
+    reads = size_reads(model, lambda b, s: model_input_specs(model, b, s),
+                       plan.spec.batch or 1, plan.spec.seq or 1,
+                       wanted=lambda changed: any(k in split for k in changed))
     found, seen = [], set()
     for read, changed in reads:
         hit = sorted((name, dim, axes) for (name, dim), axes in split.items()
@@ -508,7 +510,8 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
                    allow_model_outside_root: bool = False, stop_on_errors: bool = True,
                    max_memory: int | None = None, progress: Progress = _quiet,
                    blocks: bool = False, segment: bool = True,
-                   layout: tuple[list[Diagnostic], Lowered | None] | None = None) -> Programs:
+                   layout: tuple[list[Diagnostic], Lowered | None] | None = None,
+                   earlier: Programs | None = None) -> Programs:
     """The layout pass at full size, then the plan's parallel program and the reference step
     at the shrunk sizes (``simulate_file`` explains the arguments and errors). The reference
     step is traced block by block (one graph per distinct block, every block traced and
@@ -517,7 +520,10 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     is known by its point and the proof can be cut there (``check/stages.py``); with
     ``segment`` each stage is also split into one stage per block, on the same ranks
     (``lower.bind.segment_stages``), where the plan allows it. ``layout``: the layout
-    pass's findings and lowering when the caller has them already (``Programs.layout``)."""
+    pass's findings and lowering when the caller has them already (``Programs.layout``).
+    ``earlier``: a build of the same plan file at the same sizes (``tvp check`` lowers the
+    plan again unsegmented to report a difference): its layout pass, setup and idle axes are
+    reused, and its reference step too when the new program reads the same marked points."""
     from trainverify_dsl.shrink import work_refusal
 
     refusal = work_refusal(resolve_plan(path))  # from the plan alone: ranks, microbatches
@@ -526,6 +532,8 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     budget = default_budget() if max_memory is None else max_memory
     full = _refuse_unshrunk(path, budget, allow_model_outside_root) if shrink is False \
         else None
+    if earlier is not None:
+        layout = earlier.layout
     if layout is None:
         progress("layout pass at full size")
         layout = _layout_pass(path, allow_model_outside_root, full)
@@ -536,10 +544,13 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
         # a model that cannot be built, traced or found at its full size is not simulated
         # at any size (its errors are the answer, at the spec line or the model's own line)
         raise SimulationSetupError(findings)
-    progress("shrinking the model's widths")
-    setup: SimulationSetup = prepare(path, shrink=shrink, real=False,
-                                     allow_model_outside_root=allow_model_outside_root)
-    setup.plan, idle = without_idle_axes(setup.plan)
+    if earlier is not None:  # its plan is already without its idle axes
+        setup, idle = earlier.setup, earlier.idle
+    else:
+        progress("shrinking the model's widths")
+        setup = prepare(path, shrink=shrink, real=False,
+                        allow_model_outside_root=allow_model_outside_root)
+        setup.plan, idle = without_idle_axes(setup.plan)
     from trainverify_dsl.spec.fx_import import UnsupportedOps
     from trainverify_dsl.spec.trace import trace_training_step, unsupported_error
 
@@ -578,11 +589,15 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
         program = parallel_program(lowered)
     except UnsupportedOps as error:  # an op of the plan's stages with no IR meaning (dropout)
         raise unsupported_error(error) from None
-    progress("tracing the reference step")
-    # block by block, every block exported and each distinct one differentiated once
-    # (spec/fx_key.py): the same values as one flat trace, a fraction of its cost
-    spec = trace_training_step(setup.fake_model, setup.input_specs, reference_opt,
-                               reuse=True, exact_reuse=True, points=reference_points(program))
+    points = reference_points(program)
+    if earlier is not None and reference_points(earlier.program) == points:
+        spec = earlier.spec  # the same model, sizes, optimizer and points
+    else:
+        progress("tracing the reference step")
+        # block by block, every block exported and each distinct one differentiated once
+        # (spec/fx_key.py): the same values as one flat trace, a fraction of its cost
+        spec = trace_training_step(setup.fake_model, setup.input_specs, reference_opt,
+                                   reuse=True, exact_reuse=True, points=points)
     need = estimate(program, [g.type for g in spec.program.inputs], spec.program)
     if need.bytes > budget:
         raise SimulationSetupError([over_budget(setup.plan, need, budget, shrunk)])
@@ -730,7 +745,7 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
                                    allow_model_outside_root=allow_model_outside_root,
                                    stop_on_errors=False, max_memory=max_memory,
                                    progress=progress, blocks=True, segment=False,
-                                   layout=built.layout)
+                                   earlier=built)
             values = step_values(built.program, built.spec, model, seed, few)
             result = simulate_programs(built.program, built.spec, built.reference_opt, model,
                                        seed, progress, values)

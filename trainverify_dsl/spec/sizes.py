@@ -70,26 +70,38 @@ class SizeRead:
     fixed: bool = False
 
 
-def size_reads(model: nn.Module, specs_at: SpecsAt, batch: int, seq: int
+def size_reads(model: nn.Module, specs_at: SpecsAt, batch: int, seq: int,
+               wanted: Callable[[frozenset[tuple[str, int]]], bool] = lambda changed: True
                ) -> list[tuple[SizeRead, frozenset[tuple[str, int]]]]:
     """The numbers of ``model``'s arithmetic that change when ``batch`` doubles, and those
     that change when ``seq`` does, each with the input dimensions (name, dim) that change
-    with that size. ``model`` is fake."""
+    with that size. ``model`` is fake. ``wanted``: whether the numbers following a size that
+    changes these input dimensions are asked for (the caller's split ones); a size nobody
+    asks for is not traced (each size exports the model once more)."""
     try:
         small = specs_at(batch, seq)
+        sizes = []
+        for bigger in ((2 * batch, seq), (batch, 2 * seq)):
+            try:
+                large = specs_at(*bigger)
+            except Exception:  # noqa: BLE001 - user code rejects the larger size
+                continue
+            changed = frozenset(
+                (name, d) for name, (shape, _) in small.items()
+                for d, (a, b) in enumerate(zip(shape, large[name][0], strict=False)) if a != b)
+            if wanted(changed):
+                sizes.append((large, changed))
+        if not sizes:
+            return []
         base = _graphs(model, _fake_inputs(model, small))
     except Exception:  # noqa: BLE001 - user code: its errors are the tracer's to report
         return []
     found = []
-    for bigger in ((2 * batch, seq), (batch, 2 * seq)):
+    for large, changed in sizes:
         try:
-            large = specs_at(*bigger)
             graphs = _graphs(model, _fake_inputs(model, large))
         except Exception:  # noqa: BLE001 - user code rejects the larger size: not compared
             continue
-        changed = frozenset((name, d) for name, (shape, _) in small.items()
-                            for d, (a, b) in enumerate(zip(shape, large[name][0], strict=False))
-                            if a != b)
         found += [(read, changed) for a, b in zip(base, graphs, strict=False)
                   for read in _compare(a, b)]
     return found

@@ -13,7 +13,7 @@ from test_spec_support import check_spec, ir_inputs, random_inputs, torch_refere
 from torch import nn
 
 from trainverify_dsl.spec.fx_key import graph_key
-from trainverify_dsl.spec.trace import _export, _export_key, trace_training_step
+from trainverify_dsl.spec.trace import _export, export_key, trace_training_step
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ class Block(nn.Module):
 
 def _key(block: nn.Module, width: int = 4) -> tuple | None:
     block = block.double()
-    return _export_key(_export(block, (torch.zeros(2, width, dtype=torch.float64),)))
+    return export_key(_export(block, (torch.zeros(2, width, dtype=torch.float64),)))
 
 
 def test_equal_blocks_have_equal_keys_and_any_difference_separates_them() -> None:
@@ -89,6 +89,8 @@ def test_exact_tracing_reuses_only_equal_exports(
         return original(*args)
 
     monkeypatch.setattr(trace, "_differentiate", counted)
+    trace.BLOCKS.clear()  # (the process's memos: another test may have traced these)
+    trace.OUTERS.clear()
     torch.manual_seed(0)
     model = Stack(scales).double()
     specs = {"x": ((2, 4), torch.float64)}
@@ -108,7 +110,7 @@ def test_reused_graphs_equal_fresh_ones_within_a_plan_and_across_plans(
     import torch._functorch.aot_autograd as aot
 
     from trainverify_dsl import api
-    from trainverify_dsl.lower import joint
+    from trainverify_dsl.lower import capture, joint
     from trainverify_dsl.spec import trace
 
     text = (ROOT / "plans" / "llama_tiny_tp.tvp").read_text(encoding="utf-8")
@@ -149,12 +151,15 @@ def test_reused_graphs_equal_fresh_ones_within_a_plan_and_across_plans(
 
     monkeypatch.setattr(aot, "aot_export_joint_with_descriptors", counted)
     warm = build(second)
-    assert len(calls) == 1  # the reference's outer model only: no block, no plan stage
+    assert not calls  # no block, no plan stage, not the reference's outer model either
 
     trace.BLOCKS.clear()
+    trace.OUTERS.clear()
     joint.JOINTS.clear()
+    capture.DECOMPOSED.clear()
     monkeypatch.setattr(joint, "graph_key", lambda *args: None)
-    monkeypatch.setattr(trace, "_export_key", lambda exported: None)
+    monkeypatch.setattr(trace, "export_key", lambda exported, where=False: None)
+    monkeypatch.setattr(capture, "export_key", lambda exported, where=False: None)
     fresh = build(second)
     assert warm.program == fresh.program
     for a, b in zip(warm.program.stages, fresh.program.stages, strict=True):
@@ -164,3 +169,55 @@ def test_reused_graphs_equal_fresh_ones_within_a_plan_and_across_plans(
     for (name_a, a), (name_b, b) in zip(warm.spec.program.graphs, fresh.spec.program.graphs,
                                         strict=True):
         assert name_a == name_b and origins(a) == origins(b)
+
+
+def test_a_capture_met_again_is_not_decomposed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lower/capture.py`` keeps decomposed captures by the exact key of their export: the
+    same model at the same size with the same marks is decomposed once (``tvp check``
+    lowers a plan twice to report a difference; a search loop lowers many plans of one
+    model), and the program lowered from the remembered capture is the fresh one's."""
+    from trainverify_dsl.api import prepare
+    from trainverify_dsl.ir.parallel import format_parallel
+    from trainverify_dsl.lower import capture
+    from trainverify_dsl.lower.lowering import lower
+    from trainverify_dsl.lower.program import parallel_program
+
+    capture.DECOMPOSED.clear()
+    calls: list[int] = []
+    original = torch.export.ExportedProgram.run_decompositions
+
+    def counted(self: torch.export.ExportedProgram, *args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", counted)
+    programs = []
+    for _ in range(2):  # a fresh fake model each time, as each command builds its own
+        setup = prepare(ROOT / "plans" / "llama_tiny_tp.tvp")
+        programs.append(format_parallel(parallel_program(
+            lower(setup.plan, setup.fake_model, setup.fake_inputs))))
+    assert len(calls) == 1
+    assert programs[0] == programs[1]
+    # another mark is another export: decomposed afresh
+    lower(setup.plan, setup.fake_model, setup.fake_inputs, frozenset({"layers.0"}))
+    assert len(calls) == 2
+
+
+def test_the_capture_key_holds_module_paths_and_stack_traces() -> None:
+    """The lowering reads each node's module (which stage it is on) and stack trace (the
+    model line of a finding): two exports alike in graph and frames but not in those are
+    never one capture."""
+    from trainverify_dsl.lower.capture import _capture_key
+
+    exported = _export(Block().double(), (torch.zeros(2, 4, dtype=torch.float64),))
+    key = _capture_key(exported)
+    assert key is not None and key == _capture_key(exported)
+    node = next(n for n in exported.graph.nodes if n.op == "call_function")
+    stack = node.meta["nn_module_stack"]
+    node.meta["nn_module_stack"] = {k: (f"{v[0]}.renamed", v[1]) for k, v in stack.items()}
+    moved = _capture_key(exported)
+    assert moved is not None and moved != key
+    node.meta["nn_module_stack"] = stack
+    assert _capture_key(exported) == key
+    node.meta["stack_trace"] = (node.meta.get("stack_trace") or "") + "\n  another line"
+    assert _capture_key(exported) != key

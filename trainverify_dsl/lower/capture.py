@@ -23,11 +23,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from trainverify_dsl.spec.fx_key import KeyMemo
 from trainverify_dsl.spec.load import USER_CODE_ERRORS
 from trainverify_dsl.spec.marks import MARK, install_marks  # noqa: F401 (MARK re-exported)
 from trainverify_dsl.spec.trace import (
     canonical_names,
     decompositions,
+    export_key,
     refuse_buffer_writes,
     torch_deprecations_ignored,
     trace_error,
@@ -64,11 +66,16 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
     finally:
         for handle in handles:
             handle.remove()
-    # the reference step's table (spec/trace.py): both forwards decomposed alike
-    with torch_deprecations_ignored():
-        exported = exported.run_decompositions(decompositions())
-    refuse_buffer_writes(exported)  # functional now: a write under no_grad shows too
-    _drop_value_checks(exported.graph_module.graph)
+    key = _capture_key(exported)
+    decomposed = DECOMPOSED.get(key)
+    if decomposed is None:
+        # the reference step's table (spec/trace.py): both forwards decomposed alike
+        with torch_deprecations_ignored():
+            decomposed = exported.run_decompositions(decompositions())
+        refuse_buffer_writes(decomposed)  # functional now: a write under no_grad shows too
+        _drop_value_checks(decomposed.graph_module.graph)
+        DECOMPOSED.put(key, decomposed)
+    exported = decomposed
     signature = exported.graph_signature
     data_names = list(inputs)
     placeholders: dict[str, tuple[str, str]] = {}
@@ -97,6 +104,21 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
     modules = {path: type(m).__name__ for path, m in model.named_modules()}
     points = frozenset(f"{p}.{side}" for p in marked for side in ("in", "out"))
     return Captured(gm, placeholders, modules, points)
+
+
+#: Decomposed captures by the canonical key of their export (``_capture_key``), for every
+#: lowering of the process: ``tvp check`` lowers a plan twice to report a difference on its
+#: own stages, and a search loop lowers many plans of one model at one size. Decomposition
+#: is about two thirds of a capture; the export, which gives the key, is still made.
+DECOMPOSED = KeyMemo(32)
+
+
+def _capture_key(exported: torch.export.ExportedProgram) -> tuple[object, ...] | None:
+    """The exact key of an export (``spec.trace.export_key``: graph, signature, constants,
+    user frames) with each node's module stack and whole stack trace, which the lowering
+    reads (stages, spans); ``None`` when not exactly known. Equal keys decompose to equal
+    graphs (torch's decomposition is a function of the graph)."""
+    return export_key(exported, where=True)
 
 
 #: torch's value checks (``one_hot``'s "class values must be non-negative"): an assertion on

@@ -28,6 +28,7 @@ import contextlib
 import copy
 import dataclasses
 import enum
+import functools
 import inspect
 import io
 import logging
@@ -146,6 +147,11 @@ def decompositions() -> dict[Any, Any]:
     equal in value but not in form, and the checker compares forms: with the reference
     differentiating ``native_layer_norm`` as one op (its fused backward formula) and the
     plan differentiating LayerNorm's arithmetic, no GPT-2 plan could be proven."""
+    return dict(_decomposition_table())  # a copy: torch may edit the table it is given
+
+
+@functools.cache
+def _decomposition_table() -> dict[Any, Any]:
     from torch._decomp import core_aten_decompositions, get_decompositions
 
     table = dict(core_aten_decompositions())
@@ -202,16 +208,27 @@ def refuse_buffer_writes(exported: Any) -> None:
     raise SpecError(diagnostics)
 
 
-def _export_key(exported: Any) -> tuple[Any, ...] | None:
+def export_key(exported: Any, where: bool = False) -> tuple[Any, ...] | None:
     """The canonical key of an exported forward (``spec/fx_key.py``): its graph, its
-    signature and the values of its lifted constants; ``None`` when not exactly known."""
+    signature and the values of its lifted constants; ``None`` when not exactly known. A
+    non-persistent buffer (export keeps it among the constants; fake when the model is) is
+    an input of the step, like every buffer: its shape and dtype are what the graph
+    depends on, not its values. ``where``: each node's module stack and whole stack trace
+    too, for a graph whose origins are absolute (not a block's, relative to the block)."""
+    buffers = {spec.target for spec in exported.graph_signature.input_specs
+               if spec.kind.name == "BUFFER"}
     try:
-        constants = tuple((name, tensor_key(value)) if isinstance(value, torch.Tensor)
-                          else (name, repr(value))
-                          for name, value in sorted(exported.constants.items()))
+        constants = tuple(
+            (name, ("buffer", tuple(value.shape), str(value.dtype))) if name in buffers
+            else (name, tensor_key(value)) if isinstance(value, torch.Tensor)
+            else (name, repr(value))
+            for name, value in sorted(exported.constants.items()))
     except ValueError:
         return None
     frames = tuple(user_frame(n.meta.get("stack_trace")) for n in exported.graph.nodes)
+    if where:
+        frames += tuple((repr(n.meta.get("nn_module_stack")), n.meta.get("stack_trace"))
+                        for n in exported.graph.nodes)
     return graph_key(exported.graph_module, str(exported.graph_signature), constants, frames)
 
 
@@ -450,7 +467,7 @@ def _trace_block(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     inputs = [tensors[0].detach().requires_grad_(True)] + [t.detach() for t in tensors[1:]]
     with marks(block, marked, _block_point):
         exported = _export(_BlockCall(block, args, kwargs), tuple(inputs))
-        key = _export_key(exported) if memo else None
+        key = export_key(exported) if memo else None
         known = BLOCKS.get(key)
         if known is not None:
             return known
@@ -480,6 +497,12 @@ def capture_stub_call(model: nn.Module, list_path: str,
     return stub, original
 
 
+#: The joint graphs of the model around its block list, by the key of their export: a loop
+#: checking many plans of one model at one size (a search, a test suite) differentiates the
+#: outer graph once. The graph is only read (``import_joint``) after it is made.
+OUTERS = KeyMemo(16)
+
+
 def _trace_outer(model: nn.Module, list_path: str, inputs: tuple[torch.Tensor, ...],
                  data_names: list[str], marked: tuple[str, ...] = ()) -> list[Graph]:
     parent_path, _, attr = list_path.rpartition(".")
@@ -488,7 +511,13 @@ def _trace_outer(model: nn.Module, list_path: str, inputs: tuple[torch.Tensor, .
     setattr(parent, attr, nn.ModuleList([BlockStub()]))
     try:
         with marks(model, marked):
-            gm = _joint(model, inputs, returns_loss=True)
+            exported = _export(model, inputs)
+            _check_loss_output(exported, model)
+            key = export_key(exported, where=True)
+            gm = OUTERS.get(key)
+            if gm is None:
+                gm = _differentiate(exported, inputs)
+                OUTERS.put(key, gm)
         names = canonical_names(model)
     finally:
         setattr(parent, attr, original)

@@ -179,15 +179,24 @@ def probe_primes(widths: Mapping[str, int], multiples: Mapping[str, int]) -> dic
     ``SUM_TERMS`` probe values (prime times the width's multiple) is divisible by another
     probe prime or made of small primes only: a dimension's factors and sums then read back
     without coincidences (``monomial``)."""
+    return dict(_probe_primes(tuple(sorted(w for w in widths if widths[w] > 1)),
+                              tuple(sorted(multiples.items()))))
+
+
+@functools.lru_cache(maxsize=64)
+def _probe_primes(names: tuple[str, ...], multiples: tuple[tuple[str, int], ...]
+                  ) -> tuple[tuple[str, int], ...]:
+    """``probe_primes`` of the widths ``names`` (a search of seconds for a large model,
+    the same answer for the same arguments: remembered)."""
     out: dict[str, int] = {}
     candidate = PROBE_FLOOR
-    for name in sorted(w for w in widths if widths[w] > 1):
+    for name in names:
         while not (_is_prime(candidate) and
-                   _no_coincidence({**out, name: candidate}, multiples)):
+                   _no_coincidence({**out, name: candidate}, dict(multiples))):
             candidate += 2
         out[name] = candidate
         candidate += 2
-    return out
+    return tuple(out.items())
 
 
 def _is_prime(n: int) -> bool:

@@ -261,6 +261,34 @@ def test_sums_only_one_side_holds_multiply_out_while_shared_ones_stay_atoms() ->
     assert Expander().equal(big[0] * spread, right) is None
 
 
+def test_one_expander_answers_a_sequence_of_obligations_in_any_order_alike() -> None:
+    """``Expander.equal`` tries the one-sided expansion first after it decided the last
+    obligation (deepseek_tiny_tp: 96 obligations in a row, each decided only that way): the
+    order of the tries changes no answer, whichever kind comes next."""
+    xs = [t.var(f"x{i}") for i in range(8)]
+    m = t.var("m")
+    big = [t.Poly.sum([t.var(f"g{k}_{i}") * t.var(f"h{k}_{i}") for i in range(30)])
+           for k in range(5)]
+    shared = big[0] * big[1] * big[2] * big[3] * big[4]
+    a, b = t.Poly.sum([t.var(f"a{i}") for i in range(8)]), t.var("b")
+    spread = t.Poly.sum([t.var(f"a{i}") * b for i in range(8)])
+    by_depth = (m * t.Poly.sum(xs[:5]) + m * t.Poly.sum(xs[5:]), m * t.Poly.sum(xs), True)
+    one_sided = (shared * spread, shared * a * b, True)
+    differs = (shared * spread, shared * a * (b + 1), None)
+    not_depth = (m * t.Poly.sum(xs[:6]), m * t.Poly.sum(xs[1:7]), None)
+    # a long sum both sides hold (through exp) that must be multiplied out: only the full
+    # expansion, after the one-sided one failed, proves it
+    long = t.Poly.sum(xs[:7])
+    full = (long * m + t.app("exp", long),
+            m * xs[0] + m * t.Poly.sum(xs[1:7]) + t.app("exp", long), True)
+    cases = [one_sided, one_sided, by_depth, one_sided, full, differs, not_depth, by_depth,
+             differs, one_sided, full]
+    alone = [Expander().equal(left, right) for left, right, _ in cases]
+    assert alone == [want for _, _, want in cases]
+    shared_expander = Expander()
+    assert [shared_expander.equal(left, right) for left, right, _ in cases] == alone
+
+
 # -- the op encodings ---------------------------------------------------------------------------
 
 

@@ -54,6 +54,9 @@ class Expander:
         self.atoms: dict[Any, int] = {}
         #: keeps memoised terms alive, so their ids are not reused
         self._alive: list[Any] = []
+        #: the last obligation was decided by ``one_sided_equal``: the next one (most often
+        #: the next element of the same tensor) tries it first
+        self._one_sided_first = False
 
     def equal(self, a: Any, b: Any) -> bool | None:
         """``True`` when ``a - b`` expands to zero at some depth (a proof); ``None`` when no
@@ -64,23 +67,31 @@ class Expander:
             return True if a is b else None
         difference = a - b
         self._alive.append(difference)
+        if self._one_sided_first and self._one_sided(a, b):
+            return True
         # first multiply out only short sums (``1 - s``), the long ones (a shared cotangent)
         # staying atoms by identity; then every sum only one side has; then every sum
         for depth in range(1, self.depths + 1):
             try:
                 if not self.expand(difference, depth):
+                    self._one_sided_first = False
                     return True
             except TooLarge:
                 return None
-        try:
-            if one_sided_equal(a, b, self.budget):
-                return True
-        except TooLarge:
-            pass
+        if not self._one_sided_first and self._one_sided(a, b):
+            self._one_sided_first = True
+            return True
+        self._one_sided_first = False
         try:
             return True if not self.expand(difference, self.depths + 1) else None
         except TooLarge:
             return None
+
+    def _one_sided(self, a: Any, b: Any) -> bool:
+        try:
+            return one_sided_equal(a, b, self.budget)
+        except TooLarge:
+            return False
 
     def _key_of(self, term: Any, depth: int) -> Any:
         if depth < 0 or isinstance(term, (t.Cmp, t.BoolOp)):

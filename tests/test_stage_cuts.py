@@ -199,7 +199,15 @@ def test_a_difference_is_reported_on_the_plans_own_stages(monkeypatch) -> None:
         return built
 
     monkeypatch.setattr(api, "build_programs", spy)
+    from trainverify_dsl.spec import trace
+
+    traced: list[object] = []
+    trace_step = trace.trace_training_step
+    monkeypatch.setattr(trace, "trace_training_step",
+                        lambda *a, **k: traced.append(a) or trace_step(*a, **k))
     verdict = api.check_file(ROOT / "plans" / "bugs" / "missing_allreduce.tvp", cache=False)
     assert verdict.verdict == "counterexample"
     assert calls == [(True, True), (False, False)]
     assert verdict.counterexample is not None
+    # the second build reuses the first's reference step (the same model, sizes, points)
+    assert len(traced) == 1

@@ -25,6 +25,7 @@ The algorithms that replace the loss (``vocab-parallel-cross-entropy``) compute 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -141,11 +142,15 @@ def find_root(loss: Any) -> Root | None:
     return None
 
 
-def find_roots(loss: Any) -> tuple[Root, ...] | None:
+def find_roots(loss: Any, reads_data: Callable[[torch.fx.Node], bool] = lambda n: True
+               ) -> tuple[Root, ...] | None:
     """The normalisers of a loss that adds several (a token-mean cross-entropy plus a z-loss
     averaged over every position, an auxiliary loss): ``find_root`` of each term of a sum
-    or difference, through negations and constant factors; ``None`` unless every term has
-    one. Each term is normalised by its own count (§4.3)."""
+    or difference, through negations and constant factors; ``None`` unless every term that
+    ``reads_data`` has one. Each term is normalised by its own count (§4.3). A term that
+    reads no data input (a penalty on the parameters, ``0.01 * (w ** 2).sum()``) is no loss
+    over the batch: every rank computes it whole, it has no normaliser, and the ordinary
+    rules lower it with the rest of the loss."""
     single = find_root(loss)
     if single is not None:
         return (single,)
@@ -156,11 +161,29 @@ def find_roots(loss: Any) -> tuple[Root, ...] | None:
         return None
     found: list[Root] = []
     for term in node.args:
-        roots = find_roots(term)
+        if not reads_data(term):
+            continue
+        roots = find_roots(term, reads_data)
         if roots is None or not _read_once(term, roots):
             return None
         found += [r for r in roots if all(r.node is not f.node for f in found)]
-    return tuple(found)
+    return tuple(found) or None
+
+
+def reads_data_input(node: torch.fx.Node, kinds: Callable[[str], str]) -> bool:
+    """Whether the spec node ``node`` depends on a data input of the model (``kinds``: a
+    placeholder's kind by its name, ``param``, ``buffer``, ``data``, ``constant``)."""
+    seen: set[torch.fx.Node] = set()
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder" and kinds(n.name) == "data":
+            return True
+        todo.extend(n.all_input_nodes)
+    return False
 
 
 def _read_once(term: torch.fx.Node, roots: tuple[Root, ...]) -> bool:
@@ -451,4 +474,5 @@ def _axes_text(lay: TLayout) -> str:
 
 
 __all__ = ["COUNT", "DENOMINATOR", "GUARD_OPS", "Root", "apply_guards", "find_root", "find_roots",
-           "guarded", "intercepts", "lower_root", "normalise", "no_root", "summed_loss"]
+           "guarded", "intercepts", "lower_root", "normalise", "no_root", "reads_data_input",
+           "summed_loss"]

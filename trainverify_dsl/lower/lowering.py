@@ -418,7 +418,9 @@ class _Lowering:
             mode = loss_norm.mode_of(self.plan)
             # several normalisers (a token mean plus a z-loss) under token-mean, each with
             # its own count; `sum scale=` scales one
-            roots = loss_norm.find_roots(loss) if mode != "sum" else None
+            kinds = lambda name: self.cap.placeholders.get(name, ("",))[0]  # noqa: E731
+            roots = loss_norm.find_roots(
+                loss, lambda n: loss_norm.reads_data_input(n, kinds)) if mode != "sum" else None
             if roots is None:
                 root = loss_norm.find_root(loss)
                 roots = (root,) if root is not None else ()

@@ -127,7 +127,13 @@ def _broadcast(ctx: RuleCtx, name: str, args: tuple[Any, ...], kwargs: dict[str,
             number = next((a for a in args[1:2] if isinstance(a, (int, float)) and
                            not isinstance(a, bool) and a != 0), None) \
                 if name in ("aten.add", "aten.sub") else None
-            if len(partials) < len(layouts) and name != "aten.where":
+            # an average of (x_r + c) is the average of x_r, plus c: a complete operand or a
+            # number added to partial averages (a penalty on the parameters added to the
+            # local mean losses) enters their average once
+            averages = all(p.partial[0] == "avg" for p in partials) and name != "aten.where"
+            if averages:
+                pass
+            elif len(partials) < len(layouts) and name != "aten.where":
                 ctx.finding(codes_lower.MIXED_PARTIAL, f"{_op(name)} of a partial sum over "
                             f"{', '.join(first.partial[1])} and a complete operand: the "
                             f"complete operand enters the sum once per rank", first)

@@ -24,8 +24,8 @@ The algorithms that replace the loss (``vocab-parallel-cross-entropy``) compute 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch

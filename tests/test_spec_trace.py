@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_spec_support import (
     MLP,
     TinyLM,
@@ -137,6 +138,32 @@ def test_mlp_with_layer_norm_matches_torch() -> None:
     specs = {"x": ((5, 6), torch.float64), "target": ((5,), torch.int64)}
     spec = run_case(build(MLP), specs, 3, reuse=True)
     assert any("no nn.ModuleList" in note for note in spec.notes)
+
+
+class BatchNormed(nn.Module):
+    """Batch statistics (``track_running_stats=False``): decomposed into arithmetic for both
+    programs (``spec.trace.decompositions``); the IR has no batch-norm op."""
+
+    def __init__(self, two_d: bool = False) -> None:
+        super().__init__()
+        self.two_d = two_d
+        self.fc1 = nn.Linear(6, 8)
+        self.bn = (nn.BatchNorm2d if two_d else nn.BatchNorm1d)(8, track_running_stats=False)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        if self.two_d:  # [b, c, 1, 1]: statistics over the batch and both spatial dims
+            h = self.bn(h[:, :, None, None])[:, :, 0, 0]
+        else:
+            h = self.bn(h)
+        return F.cross_entropy(self.fc2(torch.tanh(h)), target)
+
+
+@pytest.mark.parametrize("two_d", [False, True], ids=["1d", "2d"])
+def test_batch_norm_without_running_statistics_matches_torch(two_d: bool) -> None:
+    specs = {"x": ((5, 6), torch.float64), "target": ((5,), torch.int64)}
+    run_case(build(BatchNormed, two_d=two_d), specs, 3, reuse=True)
 
 
 def test_block_reuse_shares_graphs_and_expands_to_flat_size() -> None:

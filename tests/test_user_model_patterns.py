@@ -11,6 +11,10 @@
   refuses the value read (TVP305) in the model's forward.
   The distributed oracle's single-device step and its ranks run it in float64 too (they
   rounded apart, 1e-7, and the oracle said "differs").
+- Batch normalisation with batch statistics (``BatchNorm1d(track_running_stats=False)``):
+  the IR had no op for it (TVP304 from every command). Both programs now run it as its
+  arithmetic (``var_mean`` over every dimension but the channels): its channels may be
+  split over tp; its batch may not be split (each rank's statistics would be its own).
 - A sequence split gathered before a pooling: every sp rank holds the same loss, and the
   gradient shares of its pieces add up (op=sum over sp). The scale rule of §4.7 counted sp
   among the data ranks (it splits an input) and called the right plan 2 times off (TVP411).
@@ -79,6 +83,21 @@ MODELS = textwrap.dedent('''\
 
         def forward(self, inp, tgt):
             e = self.head(self.pool(self.proj(inp))) - tgt
+            return (e * e).mean()
+
+
+    class BatchNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(4, 8)
+            self.bn = nn.BatchNorm1d(8, track_running_stats=False)
+            self.fc2 = nn.Linear(8, 4, bias=False)
+
+        def input_specs(self, batch, seq):
+            return {"inp": ((batch, 4), torch.float32), "tgt": ((batch, 4), torch.float32)}
+
+        def forward(self, inp, tgt):
+            e = self.fc2(torch.relu(self.bn(self.fc1(inp)))) - tgt
             return (e * e).mean()
 
 
@@ -197,3 +216,31 @@ def test_a_factory_without_a_dtype_is_float64_in_every_eager_run(tmp_path: Path)
     assert verdict.verdict == "verified", verdict.reason
     result = run_distributed(str(path), allow_model_outside_root=True)
     assert result.agrees and result.max_rel_error < 1e-12, result.summary()
+
+
+BATCH_NORM = ('plan p\nspec "models.py:BatchNet" batch 8 seq 1\nspec-optimizer sgd lr=0.1\n'
+              "mesh tp=2\n"
+              "copy fc1.in over tp\nsplit fc1.weight [tp, -]\nsplit fc1.bias [tp]\n"
+              "split bn.weight [tp]\nsplit bn.bias [tp]\n"
+              "split fc2.weight [-, tp]\nall-reduce fc2.out over tp\n"
+              "optimizer sgd lr=0.1\n")
+
+
+def test_batch_norm_over_channels_split_by_tensor_parallelism_is_verified(
+        tmp_path: Path) -> None:
+    """Each tp rank normalises its own channels over the whole batch: exactly the spec's."""
+    path = plan(tmp_path, "BatchNet")
+    path.write_text(BATCH_NORM, encoding="utf-8")
+    assert layout_diagnostics(path, allow_model_outside_root=True) == []
+    verdict = check_file(path, allow_model_outside_root=True)
+    assert verdict.verdict == "verified", verdict.reason
+
+
+def test_batch_norm_over_a_split_batch_is_a_layout_error(tmp_path: Path) -> None:
+    """Each data rank's batch statistics are its own rows': not the spec's (TVP403 at the
+    split), unless the plan synchronises them, which it has no statement for."""
+    path = plan(tmp_path, "BatchNet")
+    found = layout_diagnostics(path, allow_model_outside_root=True)
+    assert [d.code.id for d in found] == ["TVP403"]
+    assert "variance along dimension 0" in found[0].message
+    assert found[0].span.line == 5  # split inp [rows, -]

@@ -138,8 +138,8 @@ def _example_inputs(specs: InputSpecs) -> tuple[torch.Tensor, ...]:
 
 
 def decompositions() -> dict[Any, Any]:
-    """The one decomposition table of both programs: Core ATen's, plus LayerNorm as its
-    arithmetic (so layouts propagate through it). The reference step's forward
+    """The one decomposition table of both programs: Core ATen's, plus LayerNorm and batch
+    normalisation as their arithmetic (so layouts propagate through them). The reference step's forward
     (``_joint``) and each plan stage's forward (``lower/capture.py``) are decomposed with it
     *before* they are differentiated, and so are the joint graphs and the algorithms'
     local programs (``lower/joint.py``, ``lower/algorithms.py``): both backwards are then
@@ -155,7 +155,13 @@ def _decomposition_table() -> dict[Any, Any]:
     from torch._decomp import core_aten_decompositions, get_decompositions
 
     table = dict(core_aten_decompositions())
-    table.update(get_decompositions([torch.ops.aten.native_layer_norm]))
+    table.update(get_decompositions([
+        torch.ops.aten.native_layer_norm,
+        # batch normalisation in training mode (without running statistics: with them the
+        # forward writes buffers, TVP304) and in eval mode, as their arithmetic: the IR has
+        # no op for them, and their layouts are those of var_mean and elementwise ops
+        torch.ops.aten._native_batch_norm_legit.no_stats,
+        torch.ops.aten._native_batch_norm_legit_no_training.default]))
     return table
 
 

@@ -139,8 +139,9 @@ def _example_inputs(specs: InputSpecs) -> tuple[torch.Tensor, ...]:
 
 def decompositions() -> dict[Any, Any]:
     """The one decomposition table of both programs: Core ATen's, plus LayerNorm and batch
-    normalisation as their arithmetic (so layouts propagate through them). The reference step's forward
-    (``_joint``) and each plan stage's forward (``lower/capture.py``) are decomposed with it
+    normalisation as their arithmetic (so layouts propagate through them). The reference
+    step's forward (``_joint``) and each plan stage's forward (``lower/capture.py``) are
+    decomposed with it
     *before* they are differentiated, and so are the joint graphs and the algorithms'
     local programs (``lower/joint.py``, ``lower/algorithms.py``): both backwards are then
     torch's derivatives of the same primitive ops. Two decompositions of one function are

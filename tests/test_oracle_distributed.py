@@ -170,6 +170,10 @@ def test_a_false_layout_claim_is_never_agreed(tmp_path: Path) -> None:
     ranks compare changes, so the oracle said "agrees" (exit 0) while `tvp simulate` and
     `tvp check` reject the plan (TVP407; found by a differential test of the two). The
     values still agree; the plan does not."""
+    import json
+
+    from trainverify_dsl.cli.main import main
+
     text = (ROOT / "plans" / "mlp_tiny_dp.tvp").read_text()
     path = tmp_path / "false_claim.tvp"
     path.write_text(text + "partial grad(fc1.weight) over dp op=sum\n", encoding="utf-8")
@@ -177,6 +181,20 @@ def test_a_false_layout_claim_is_never_agreed(tmp_path: Path) -> None:
     assert result.values_agree and not result.agrees
     assert "TVP407" in result.layout_errors[0]
     assert "rejected" in result.summary() and "layout pass reports 1 error" in result.summary()
+    # the same run as one JSON document (`--format json`), exit 1
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["run-distributed", str(path), "--format", "json",
+                     "--allow-model-outside-root"])
+    document = json.loads(out.getvalue())
+    assert code == 1
+    assert document["verdict"] == "rejected" and document["agrees"] is False
+    assert document["differences"] == [] and document["difference_count"] == 0
+    assert document["ranks"] == 2 and document["compared"] == result.compared
+    assert "TVP407" in document["layout_errors"][0]
 
 
 @pytest.mark.parametrize("path", NOT_LOWERABLE, ids=_id)
@@ -279,10 +297,38 @@ def _fail_on_rank_1(job: Any, rank: int) -> dict[str, Any]:
 
 
 def test_cli_refuses_a_larger_mesh(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
     from trainverify_dsl.cli.main import main
 
     assert main(["run-distributed", str(ROOT / "plans" / "gpt2_3d.tvp")]) == 2
     assert "at most 8" in capsys.readouterr().err
+    assert main(["run-distributed", str(ROOT / "plans" / "gpt2_3d.tvp"), "--format",
+                 "json"]) == 2
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)  # one document on stdout, one line on stderr
+    assert document["verdict"] == "not-run" and "at most 8" in document["error"]
+    assert document["ranks"] is None and document["differences"] == []
+    assert "at most 8" in captured.err
+
+
+def test_cli_json_reports_a_broken_spec_with_its_diagnostics(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from trainverify_dsl.cli.main import main
+
+    (tmp_path / "model.py").write_text("import torch\nclass M(torch.nn.Module):\n"
+                                       "    def forward(self, x):\n        return x\n",
+                                       encoding="utf-8")
+    text = (ROOT / "plans" / "mlp_tiny_dp.tvp").read_text()
+    spec = next(line for line in text.splitlines() if line.startswith("spec "))
+    path = tmp_path / "broken.tvp"
+    path.write_text(text.replace(spec, 'spec "model.py:M" batch 8 seq 1'), encoding="utf-8")
+    code = main(["run-distributed", str(path), "--format", "json"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 1 and document["verdict"] == "errors", document
+    assert document["findings"] and document["findings"][0]["code"].startswith("TVP3")
 
 
 @pytest.mark.slow

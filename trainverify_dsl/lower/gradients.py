@@ -30,8 +30,12 @@ statements:
   then leave the product; a ``sum`` loss's scale is the plan's claim about the token count,
   which only the simulation checks;
 - a ``copy``/``all-gather`` whose backward sums a cotangent that is already complete multiplies
-  it by the group size, and one summing over an axis that splits the value adds the gradients
-  of different pieces: TVP406 ``collective-mismatch``, checked axis by axis. The statements at
+  it by the group size: the factor is carried to the parameters it reaches (``_Factor``), and
+  is right only where a gradient statement averages over that axis afterwards (a loss on
+  embeddings gathered over dp, CLIP's: the reduce-scatter's x|dp| and DDP's average cancel);
+  elsewhere, or where it meets a contribution without it, it is TVP406 ``collective-mismatch``
+  at the collective. One summing over an axis that splits the value adds the gradients of
+  different pieces: TVP406, checked axis by axis. The statements at
   one point apply one after the other (a repeated ``copy`` sums twice), and so do a
   parameter's gradient statements (a repeated ``all-reduce`` sums complete gradients).
 
@@ -116,6 +120,19 @@ class _Collective:
     split: frozenset[str] = frozenset()
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class _Factor:
+    """A backward that summed copies of a cotangent already complete over ``axis``: the
+    gradients it reaches are ``|axis|`` times their share. The plan is right only where a
+    gradient statement averages over ``axis`` afterwards (CLIP's loss on embeddings gathered
+    over dp: ``all-gather``'s reduce-scatter, then DDP's average; open_clip and
+    ``torch.distributed.nn.all_gather`` do exactly this); anywhere else it is TVP406 at the
+    collective."""
+
+    axis: str
+    statement: Any
+
+
 @dataclass
 class GradientTracker:
     sizes: Mapping[str, int]
@@ -130,6 +147,12 @@ class GradientTracker:
     #: tied parameters held on several pp ranks: parameter -> (how many, the
     #: `pipeline-stage` statement that put its last use on another stage)
     copies: dict[str, tuple[int, Span | None]] = field(default_factory=dict)
+    #: every value's factors from backwards that summed complete copies (``_Factor``s)
+    _factors: dict[Any, tuple[_Factor, ...]] = field(default_factory=dict)
+    #: factors reported (at their collective) or cancelled by an average, at every parameter
+    #: they reached
+    _reported: set[_Factor] = field(default_factory=set)
+    _cancelled: set[_Factor] = field(default_factory=set)
 
     # -- during the forward walk ----------------------------------------------------------
 
@@ -172,8 +195,10 @@ class GradientTracker:
     def backward(self) -> dict[Any, Partial]:
         """The cotangent's partial axes of every recorded value."""
         cot: dict[Any, Partial] = {}
+        factors = self._factors
         for item in reversed(self.record):
             mine = cot.get(item.out, {})
+            carried = factors.get(item.out, ())
             if isinstance(item, _Collective):
                 summed = set(item.sums)
                 # each summed axis must hold a partial sum (over axes of size 1 the sum is
@@ -188,27 +213,25 @@ class GradientTracker:
                         f"{', '.join(pieces)} the gradients of different pieces (the value is "
                         f"split over {', '.join(pieces)}: each rank holds other elements)",
                         item.statement.origin, str(item.statement.target)))
-                elif complete:
-                    self.findings.append(Finding(
-                        codes_lower.COLLECTIVE_MISMATCH, f"{shown} sums a gradient that is "
-                        f"already complete over {', '.join(complete)}: it multiplies it by "
-                        f"{math.prod(self.sizes[a] for a in complete)}",
-                        item.statement.origin, str(item.statement.target),
-                        _unsummed_backward(item.statement)))
+                elif complete:  # decided at the parameters it reaches (``_Factor``)
+                    carried = carried + tuple(_Factor(a, item.statement) for a in complete)
                 passed = {a: s for a, s in mine.items() if a not in summed}
                 _merge(cot, item.source, passed)
+                self._carry(item.source, carried)
                 continue
             if isinstance(item, _AlgorithmInput):
                 contribution = dict(mine)
                 for axis in self._real(item.axes):
                     contribution.setdefault(axis, (item.span, item.where))
                 _merge(cot, item.source, contribution)
+                self._carry(item.source, carried)
                 continue
             out = item.layout if isinstance(item.layout, TLayout) else None
             for index, (value, lay, floating) in enumerate(item.operands):
                 if not floating or (isinstance(lay, TLayout) and lay.const):
                     continue
                 contribution = dict(mine)  # a backward is linear in the output's cotangent
+                self._carry(value, carried)
                 if not isinstance(lay, TLayout):  # a multi-output parent (getitem)
                     _merge(cot, value, contribution)
                     continue
@@ -220,6 +243,32 @@ class GradientTracker:
                         contribution.setdefault(axis, (item.span, item.where))
                 _merge(cot, value, contribution)
         return cot
+
+    def _carry(self, value: Any, carried: tuple[_Factor, ...]) -> None:
+        """``value``'s cotangent receives a contribution scaled by ``carried``. Two
+        contributions scaled differently make a sum no average undoes: the factors that are
+        not common to both are reported at their collectives (TVP406)."""
+        if value not in self._factors:
+            self._factors[value] = carried
+            return
+        known = self._factors[value]
+        if sorted(known, key=id) == sorted(carried, key=id):
+            return
+        common = tuple(f for f in known if f in carried)
+        for factor in set(known) ^ set(carried):
+            self._report(factor)
+        self._factors[value] = common
+
+    def _report(self, factor: _Factor) -> None:
+        if factor in self._reported:
+            return
+        self._reported.add(factor)
+        statement = factor.statement
+        self.findings.append(Finding(
+            codes_lower.COLLECTIVE_MISMATCH, f"the backward of `{statement.kind} "
+            f"{statement.target}` sums a gradient that is already complete over "
+            f"{factor.axis}: it multiplies it by {self.sizes[factor.axis]}",
+            statement.origin, str(statement.target), _unsummed_backward(statement)))
 
     def finish(self, statements: Sequence[tuple[Any, tuple[str, ...]]], data_axes: set[str],
                loss_scale: Fraction, microbatches: int,
@@ -254,9 +303,13 @@ class GradientTracker:
             checked.add(param)
             # a tied parameter is one capture input per use: its gradient sums them all
             partial: Partial = {}
-            for other, name in self.params.items():
-                if name == param:
-                    _merge_into(partial, cot.get(other, {}))
+            nodes = [other for other, name in self.params.items() if name == param]
+            for other in nodes:
+                _merge_into(partial, cot.get(other, {}))
+            scaled = self._factors.get(nodes[0], ())
+            for other in nodes[1:]:  # uses scaled differently: reported, the common kept
+                self._carry(nodes[0], self._factors.get(other, ()))
+                scaled = self._factors.get(nodes[0], ())
             if param in self.copies:
                 partial.setdefault(PIPELINE_AXIS, (self.copies[param][1], "(pipeline)"))
             applied = [(st, tuple(a for a in st.axes if self.sizes.get(a, 1) > 1))
@@ -266,7 +319,7 @@ class GradientTracker:
                 if axis not in reduced:
                     missing.setdefault((axis, cause), []).append(param)
             self._check_statements(param, set(partial), applied, data_axes, loss_scale,
-                                   microbatches)
+                                   microbatches, scaled)
         for (axis, (span, where)), params in missing.items():
             shown = ", ".join(f"`{p}`" for p in params[:3])
             more = f" and {len(params) - 3} more" if len(params) > 3 else ""
@@ -283,6 +336,11 @@ class GradientTracker:
                 help=f"if the split feeds a column-parallel layer, add `copy <layer>.in over "
                      f"{axis}`; for a replicated parameter, `all-reduce grad(...) over "
                      f"{axis}`"))
+        # a factor no average undid at some parameter, or that reached none: at its statement
+        for factors in self._factors.values():
+            for factor in factors:
+                if factor not in self._cancelled:
+                    self._report(factor)
         for (code, span, reason, help), params in self._grouped.items():
             shown = ", ".join(f"`{p}`" for p in params[:3])
             more = f" and {len(params) - 3} more" if len(params) > 3 else ""
@@ -290,8 +348,13 @@ class GradientTracker:
                                          params[0], help))
 
     def _check_statements(self, param: str, partial: set[str], applied: list[Any],
-                          data_axes: set[str], loss_scale: Fraction, microbatches: int) -> None:
+                          data_axes: set[str], loss_scale: Fraction, microbatches: int,
+                          scaled: tuple[_Factor, ...] = ()) -> None:
+        """``scaled``: the factors of backwards that summed complete copies on the way to
+        the parameter's gradient; an average over the factor's axis undoes it (and is then
+        no division of a partial sum), else the factor is reported at its collective."""
         factor = Fraction(1)
+        pending = list(scaled)
         # the statements apply in order: an axis a statement reduced is complete for the
         # next one (a repeated all-reduce sums complete copies)
         remaining = set(partial)
@@ -327,15 +390,27 @@ class GradientTracker:
                                 f"{{params}} are already complete over {axis}: summing their "
                                 f"copies multiplies them by {self.sizes[axis]}", param)
             if op == "avg":
-                tensor_axes = [a for a in axes if a in before and a not in data_axes]
+                undone = []  # axes whose average undoes a backward's factor (``_Factor``)
+                for axis in axes:
+                    match = next((f for f in pending if f.axis == axis), None)
+                    if match is not None and axis in before:
+                        pending.remove(match)
+                        self._cancelled.add(match)
+                        undone.append(axis)
+                tensor_axes = [a for a in axes if a in before and a not in data_axes and
+                               a not in undone]
                 if tensor_axes:
                     divisor = math.prod(self._group_size(param, a) for a in tensor_axes)
                     self._group(codes_lower.COLLECTIVE_MISMATCH, st.origin, "the gradients of "
                                 f"{{params}} are partial sums over {', '.join(tensor_axes)}: "
                                 f"op=avg divides them by {divisor}", param)
                 # an average over an axis where the gradient is already complete averages
-                # equal copies: it divides nothing
-                factor /= math.prod(self._group_size(param, a) for a in axes if a in before)
+                # equal copies: it divides nothing; one that undoes a backward's factor
+                # divides what that factor multiplied
+                factor /= math.prod(self._group_size(param, a) for a in axes
+                                    if a in before and a not in undone)
+        for left in pending:  # multiplied, and no average undoes it: at its collective
+            self._report(left)
         data = sorted(a for a in partial if a in data_axes)
         reduced = {a for _, axes in applied for a in axes}
         if not set(data) <= reduced or not self._scale_checked:

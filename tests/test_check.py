@@ -181,6 +181,35 @@ def test_cli_missing_plan_is_an_error_not_a_traceback(capsys: pytest.CaptureFixt
     assert "ERROR" in captured.out
 
 
+def test_a_plan_on_stdin_is_checked_and_named_stdin(tmp_path: Path) -> None:
+    """`tvp check -` (a generator piping its plans): the plan's `spec` and `use` paths
+    resolve from the current folder (here the stdlib's, from the installed package), its
+    verdict and its lines are `<stdin>`'s, and the temporary file it was read into is gone."""
+    import subprocess
+    import sys
+
+    text = (ROOT / "plans" / "mlp_tiny_dp.tvp").read_text(encoding="utf-8")
+    wrong = text.replace("op=avg", "op=sum")
+    assert wrong != text
+
+    def run(stdin: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "trainverify_dsl", "check", *extra],
+                              input=stdin, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=600)
+
+    good = run(text, "-")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert good.stdout.startswith("<stdin>: VERIFIED")
+    bad = run(wrong, "-", "--format", "json")
+    document = json.loads(bad.stdout)
+    assert bad.returncode == 1 and document["verdict"] == COUNTEREXAMPLE
+    assert document["plans"][0]["plan"] == "<stdin>"
+    assert document["counterexample"]["file"] == "<stdin>"
+    assert list(tmp_path.iterdir()) == []  # the temporary plan file is removed
+    twice = run(text, "-", "-")
+    assert twice.returncode == 2 and "once" in twice.stderr
+
+
 def test_a_step_too_large_for_one_stage_is_inconclusive(monkeypatch: pytest.MonkeyPatch
                                                         ) -> None:
     from trainverify_dsl.check import terms

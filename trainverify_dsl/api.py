@@ -831,7 +831,7 @@ def check(plan: str | Path, *, base_dir: str | Path | None = None, **options: An
             verdict = check_file(name, **options)
         finally:
             Path(name).unlink(missing_ok=True)
-    return _renamed(verdict, name, TEXT_PLAN)
+    return rename_plan(verdict, name, TEXT_PLAN)
 
 
 def _check_seed(seed: Any) -> None:
@@ -839,7 +839,7 @@ def _check_seed(seed: Any) -> None:
         raise ValueError(f"seed must be a whole number of at least 0, got {seed!r}")
 
 
-def _renamed(verdict: Any, old: str, new: str) -> Any:
+def rename_plan(verdict: Any, old: str, new: str) -> Any:
     """``verdict`` with every span in file ``old`` moved to file ``new``."""
     def move(span: Any) -> Any:
         return replace(span, file=new) if span is not None and span.file == old else span

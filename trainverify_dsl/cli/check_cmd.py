@@ -23,6 +23,10 @@ the shrunk sizes, the drawn integer inputs). ``--format json`` prints one docume
 
 ``--format sarif|github`` print the diagnostics, a counterexample (TVP502) and an
 inconclusive verdict (TVP503) at their plan lines. Progress shows on a terminal only.
+
+``-`` as a plan reads it from stdin (a generator piping its plans: ``gen | tvp check -``):
+its ``spec`` and ``use`` paths resolve from the current folder, and its verdict and lines
+are called ``<stdin>``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 from trainverify_dsl.cli.lint_cmd import (
@@ -46,7 +51,9 @@ _WORST = {"verified": 0, "inconclusive": 1, "counterexample": 2, "error": 3}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("plans", metavar="PLAN", nargs="+", help=".tvp plan files")
+    parser.add_argument("plans", metavar="PLAN", nargs="+",
+                        help=".tvp plan files, or - for a plan on stdin (its spec path "
+                             "relative to the current folder)")
     parser.add_argument("--format", choices=("text", "json", "sarif", "github"), default="text")
     parser.add_argument("--seed", type=seed, default=0,
                         help="seed of the random values of the numeric pre-check (default 0)")
@@ -120,7 +127,33 @@ def check_one(path: str, args: argparse.Namespace, progress: Any) -> Any:
         return Verdict(ERROR, path, reason=f"internal error: {type(error).__name__}: {error}")
 
 
+#: the plan argument that reads the plan from stdin, and what its verdict calls it
+STDIN, STDIN_NAME = "-", "<stdin>"
+
+
 def run(args: argparse.Namespace) -> int:
+    """Every plan checked; ``-`` is the plan text on stdin, written to a hidden file in
+    the current folder for the run (so its ``spec`` path resolves from there, and every
+    executor reads it as a path) and named ``<stdin>`` in the verdict."""
+    import os
+    import tempfile
+
+    if args.plans.count(STDIN) > 1:
+        print("tvp check: - (stdin) may be given once", file=sys.stderr)
+        return 2
+    if STDIN not in args.plans:
+        return _run(args)
+    handle, name = tempfile.mkstemp(suffix=".tvp", prefix=".tvp-stdin-", dir=os.getcwd())
+    try:
+        with os.fdopen(handle, "wb") as f:  # the bytes as given: encoding errors are TVP109
+            f.write(sys.stdin.buffer.read())
+        args.plans = [name if p == STDIN else p for p in args.plans]
+        return _run(args, {name: STDIN_NAME})
+    finally:
+        Path(name).unlink(missing_ok=True)
+
+
+def _run(args: argparse.Namespace, renamed: dict[str, str] | None = None) -> int:
     import warnings
 
     from trainverify_dsl.cli.progress import phases
@@ -141,6 +174,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             verdicts = [check_one(path, args, lambda phase, p=path: show(f"{p}: {phase}"))
                         for path in args.plans]
+    if renamed:
+        from trainverify_dsl.api import rename_plan
+
+        for old_name, new_name in renamed.items():
+            verdicts = [rename_plan(v, old_name, new_name) for v in verdicts]
+        args.plans = [renamed.get(p, p) for p in args.plans]
     worst = max(verdicts, key=lambda v: (_WORST[v.verdict], v.exit_code))
     for v in verdicts:
         if v.exit_code == 2:

@@ -166,6 +166,26 @@ def test_batch_norm_without_running_statistics_matches_torch(two_d: bool) -> Non
     run_case(build(BatchNormed, two_d=two_d), specs, 3, reuse=True)
 
 
+class FrozenBatchNorm(BatchNormed):
+    """A batch norm kept in eval mode (running statistics read, never written: a frozen
+    backbone's), ``_native_batch_norm_legit_no_training``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(8)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+        self.bn.eval()
+
+
+def test_batch_norm_in_eval_mode_matches_torch() -> None:
+    specs = {"x": ((5, 6), torch.float64), "target": ((5,), torch.int64)}
+    model = build(FrozenBatchNorm)
+    model.bn.eval()  # (build() may not keep the mode: set it again)
+    run_case(model, specs, 3, reuse=True)
+
+
 def test_block_reuse_shares_graphs_and_expands_to_flat_size() -> None:
     model = build(TinyLM, layers=4)
     spec = trace_training_step(model, LM_SPECS)

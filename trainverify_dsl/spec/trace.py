@@ -158,10 +158,12 @@ def _decomposition_table() -> dict[Any, Any]:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions([
         torch.ops.aten.native_layer_norm,
-        # batch normalisation in training mode (without running statistics: with them the
-        # forward writes buffers, TVP304) and in eval mode, as their arithmetic: the IR has
-        # no op for them, and their layouts are those of var_mean and elementwise ops
+        # batch normalisation as its arithmetic (the IR has no op for it; its layouts are
+        # var_mean's and elementwise ops'): in training mode with batch statistics, and in
+        # eval mode reading the running statistics (`.default` with training=False); in
+        # training mode with running statistics the forward writes them (TVP304)
         torch.ops.aten._native_batch_norm_legit.no_stats,
+        torch.ops.aten._native_batch_norm_legit.default,
         torch.ops.aten._native_batch_norm_legit_no_training.default]))
     return table
 

@@ -130,14 +130,12 @@ def _broadcast(ctx: RuleCtx, name: str, args: tuple[Any, ...], kwargs: dict[str,
             # an average of (x_r + c) is the average of x_r, plus c: a complete operand or a
             # number added to partial averages (a penalty on the parameters added to the
             # local mean losses) enters their average once
-            averages = all(p.partial[0] == "avg" for p in partials) and name != "aten.where"
-            if averages:
-                pass
-            elif len(partials) < len(layouts) and name != "aten.where":
+            averages = all(p.partial[0] == "avg" for p in partials)
+            if not averages and len(partials) < len(layouts) and name != "aten.where":
                 ctx.finding(codes_lower.MIXED_PARTIAL, f"{_op(name)} of a partial sum over "
                             f"{', '.join(first.partial[1])} and a complete operand: the "
                             f"complete operand enters the sum once per rank", first)
-            elif number is not None:
+            elif not averages and number is not None:
                 ctx.finding(codes_lower.MIXED_PARTIAL, f"{_op(name)} of a partial sum over "
                             f"{', '.join(first.partial[1])} and the number {number:g}: the "
                             f"number enters the sum once per rank", first)

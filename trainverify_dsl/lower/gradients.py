@@ -306,10 +306,9 @@ class GradientTracker:
             nodes = [other for other, name in self.params.items() if name == param]
             for other in nodes:
                 _merge_into(partial, cot.get(other, {}))
-            scaled = self._factors.get(nodes[0], ())
             for other in nodes[1:]:  # uses scaled differently: reported, the common kept
                 self._carry(nodes[0], self._factors.get(other, ()))
-                scaled = self._factors.get(nodes[0], ())
+            scaled = self._factors.get(nodes[0], ())
             if param in self.copies:
                 partial.setdefault(PIPELINE_AXIS, (self.copies[param][1], "(pipeline)"))
             applied = [(st, tuple(a for a in st.axes if self.sizes.get(a, 1) > 1))

@@ -106,7 +106,41 @@ def test_unknown_statement_suggests_the_keyword():
     assert "did you mean 'pipeline-stage'?" in diagnostic.message
 
 
+@pytest.mark.parametrize("line, glued", [
+    ("optimizer sgd lr=0x10 momentum=0.9", "0x10"),  # the error is at `momentum`
+    ("optimizer sgd lr=0x10", "0x10"),  # the error is the end of the line
+    ("mesh dp=2k, tp=2", "2k"),
+    ("loss-scale 1e-3x", "1e-3x"),
+    ("for l in layers:\n    all-reduce grad(l.w) over dp op=avg lr=1e", "1e"),
+])
+def test_a_number_with_letters_glued_to_it_is_reported_where_it_is(line, glued):
+    """The parser reads `0x10` as `0` and the name `x10`, and fails later (at `momentum`,
+    or at the end of the line): the diagnostic names the glued text, at its position."""
+    text = f"plan p\n{line}\n"
+    diagnostics = parse_source(text, "f.tvp").diagnostics
+    assert [d.code.id for d in diagnostics] == ["TVP115"]
+    span = diagnostics[0].span
+    assert text[span.start_pos:span.end_pos] == glued
+    assert f"{glued!r} is not a number" in diagnostics[0].message
+
+
+def test_a_digit_led_word_where_a_word_is_legal_is_not_a_glued_number():
+    """`schedule 1f1b` is one word; an error after it elsewhere in the statement is not
+    blamed on it."""
+    assert codes_of("microbatches 4 schedule 1f1b\n") == []
+    assert codes_of("microbatches 4 schedule 1f1b x\n") == ["TVP101"]
+
+
 # ---------------------------------------------------------------- recovery
+
+
+def test_a_block_whose_only_statements_are_wrong_gets_no_missing_body_error():
+    """Recovery blanks the body's bad statements; the header is then bodiless, but saying
+    so (TVP105) would blame a body that is there. A header with no body at all still is."""
+    assert codes_of("for l in layers:\n    replicate x over dp pp\n") == ["TVP101"]
+    assert codes_of("template t(m):\n    for q in m:\n        split q [tp tp]\n") == \
+        ["TVP127"]
+    assert codes_of("for l in layers:\nsplit x [tp, -]\n") == ["TVP105"]
 
 
 def test_every_error_is_reported_and_good_statements_are_kept():

@@ -319,6 +319,9 @@ def _token_problem(error: UnexpectedToken, text: str, builder: AstBuilder) -> Sy
     if "_INDENT" in expected:
         return _missing_block_problem(token, text, builder)
     line = token.line if token.type != "$END" else _last_content_line(text, text.count("\n"))
+    glued = _glued_number(text, builder)
+    if glued is not None:
+        return SyntaxProblem(glued, line)
     if "_SPLIT" in expected:
         return SyntaxProblem(_unknown_statement(token, builder), line)
     example = match_example(error)
@@ -326,6 +329,37 @@ def _token_problem(error: UnexpectedToken, text: str, builder: AstBuilder) -> Sy
         message = f"{example.message}, got {describe_token(token)}"
         return SyntaxProblem(_token_diagnostic(example.code, message, token, builder), line)
     return SyntaxProblem(_generic_token_diagnostic(token, expected, builder), line)
+
+
+#: Tokens a number can be glued to when the lexer splits ``0x10`` into ``0`` and ``x10``.
+_NUMBER_TOKENS = frozenset({"NUMBER", "INT"})
+_WORD_TOKENS = frozenset({"NAME", "WORD", "PATH", "VALUE_PATH"})
+
+
+def _glued_number(text: str, builder: AstBuilder) -> Diagnostic | None:
+    """A number with a word glued to it (``lr=0x10``, ``dp=2k``) in a statement that fails
+    to parse: the parser read the number, then the word as the next part of the statement,
+    and failed further on at a place that says nothing of the cause. The statement is lexed
+    again, as the parser lexed it, up to the error; the last glued pair is the diagnostic.
+    Where a glued word is legal (the schedule ``1f1b``) it is one token and never matches."""
+    previous, found = None, None
+    try:
+        for token in get_parser().parse_interactive(text).iter_parse():
+            if previous is not None and previous.type in _NUMBER_TOKENS and \
+                    token.type in _WORD_TOKENS and previous.end_pos == token.start_pos:
+                found = (previous, token)
+            previous = token
+    except Exception:  # noqa: BLE001 (the error being reported, met again)
+        pass
+    if found is None:
+        return None
+    number, word = found
+    glued = text[number.start_pos:word.end_pos]
+    message = (f"{quote(glued)} is not a number: numbers are decimal (16, 0.5, 3e-4) or an "
+               f"expression of them (1/8); it was read as {quote(str(number))} followed by "
+               f"{quote(str(word))}")
+    return _diagnostic(codes.GLUED_NUMBER, message, builder, number.line or 1,
+                       number.column or 1, len(glued), number.start_pos or 0)
 
 
 def _token_diagnostic(code: Code, message: str, token: Token, builder: AstBuilder) -> Diagnostic:

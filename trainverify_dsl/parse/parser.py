@@ -226,16 +226,30 @@ def _parse_group(lines: list[str], builder: AstBuilder,
     if builder.line_offset == 0 and _first_line_indented("\n".join(lines)):
         diagnostics.append(_leading_indent_diagnostic(lines, builder))
         _blank_statement(lines, _first_content_index(lines))
+    original, blanked = list(lines), []
     for _ in range(MAX_ATTEMPTS_PER_GROUP):
         text = "\n".join(lines)
         try:
             return _parse_chunk(text, builder)
         except Exception as error:  # noqa: BLE001 - never a traceback; see _problem
             problem = _problem(error, text, builder)
-            diagnostics.append(problem.diagnostic)
+            if not _emptied_by_recovery(problem, original, blanked):
+                diagnostics.append(problem.diagnostic)
+            blanked.append(problem.line - 1)
             if not _blank_statement(lines, problem.line - 1):
                 return ()
     return ()
+
+
+def _emptied_by_recovery(problem: SyntaxProblem, original: list[str], blanked: list[int]
+                         ) -> bool:
+    """A ``for`` or ``template`` header whose body is empty only because recovery blanked
+    its statements (each already reported): no second error saying the body is missing."""
+    if problem.diagnostic.code is not codes.EXPECTED_INDENTED_BLOCK:
+        return False
+    header = problem.line - 1
+    depth = _indent(original[header])
+    return any(index > header and _indent(original[index]) > depth for index in blanked)
 
 
 def _problem(error: Exception, text: str, builder: AstBuilder) -> SyntaxProblem:

@@ -131,6 +131,16 @@ POSITIONAL_AFTER_KEYWORD = _error(
     "apply column_parallel(m=l.attention.wq, tp)\n",
     "apply column_parallel(l.attention.wq, axis=tp)\n")
 
+GLUED_NUMBER = _error(
+    "TVP115", "glued-number", "a number with letters glued to it (`0x10`, `2k`, `1e`)",
+    "Numbers are decimal: digits, an optional fraction and an optional exponent (`16`, `0.5`, "
+    "`3e-4`), or an expression of them (`1/8`). A number followed at once by letters is read "
+    "as the number and then a name, which the statement does not expect.",
+    "The value meant (sixteen, two thousand) cannot be guessed from the text; reading only "
+    "the leading digits would silently use another number.",
+    "optimizer sgd lr=0x10\n",
+    "optimizer sgd lr=16\n")
+
 # ---------------------------------------------------------------- recognised by example
 
 EXPECTED_OVER = _error(
@@ -232,7 +242,7 @@ CODES: tuple[Code, ...] = (
     UNEXPECTED_CHARACTER, UNEXPECTED_TOKEN, UNEXPECTED_END_OF_LINE, BAD_INDENTATION,
     EXPECTED_INDENTED_BLOCK, UNTERMINATED_STRING, UNKNOWN_STATEMENT, NESTING_TOO_DEEP,
     UNREADABLE_FILE, NOT_A_PLAN, BAD_PLACEMENT, DUPLICATE_BACKWARD, NUMBER_OUT_OF_RANGE,
-    POSITIONAL_AFTER_KEYWORD,
+    POSITIONAL_AFTER_KEYWORD, GLUED_NUMBER,
     EXPECTED_OVER, BAD_SPLIT_ENTRY, EXPECTED_SPLIT_DIMS, BAD_MESH_AXIS, EXPECTED_COLON,
     BAD_OPTION, EXPECTED_EXPRESSION, UNCLOSED_BRACKET, UNCLOSED_PAREN, EXPECTED_STRING,
     EXPECTED_TARGET, EXPECTED_BACKWARD_KIND, EXPECTED_NAME,

@@ -101,6 +101,49 @@ MODELS = textwrap.dedent('''\
             return (e * e).mean()
 
 
+    class BetweenNet(nn.Module):
+        """Ops of the parent between its blocks (a residual and an activation per layer)."""
+
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+            self.blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(2)])
+            self.temp = nn.Parameter(torch.ones(4))
+
+        def input_specs(self, batch, seq):
+            return {"inp": ((batch, 4), torch.float32), "tgt": ((batch, 4), torch.float32)}
+
+        def forward(self, inp, tgt):
+            h = self.proj(inp)
+            for b in self.blocks:
+                h = h + torch.relu(b(h))
+            return ((h * self.temp - tgt) ** 2).mean()
+
+
+    class ScaledBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, h, scale):
+            return h + torch.tanh(self.fc(h)) * scale
+
+
+    class PerLayerNet(BetweenNet):
+        """Each block gets an argument of its own (a per-layer scale)."""
+
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([ScaledBlock() for _ in range(2)])
+            self.register_buffer("scales", torch.tensor([0.5, 2.0]))
+
+        def forward(self, inp, tgt):
+            h = self.proj(inp)
+            for k, b in enumerate(self.blocks):
+                h = b(h, self.scales[k])
+            return ((h * self.temp - tgt) ** 2).mean()
+
+
     class MaskNet(NormNet):
         def forward(self, inp, tgt):
             mask = torch.ones(8, dtype=torch.bool)
@@ -244,3 +287,36 @@ def test_batch_norm_over_a_split_batch_is_a_layout_error(tmp_path: Path) -> None
     assert [d.code.id for d in found] == ["TVP403"]
     assert "variance along dimension 0" in found[0].message
     assert found[0].span.line == 5  # split inp [rows, -]
+
+
+def test_ops_of_the_parent_between_its_blocks_are_traced_once_per_block(tmp_path: Path
+                                                                        ) -> None:
+    """The block-by-block trace takes the outer model around one block: with an op of the
+    parent between two blocks (``h = h + relu(block(h))``) it held that op once, not once per
+    block, and every check ended in an internal error (the reference step differed from
+    eager torch). Such a model is traced whole; the right plan is verified and the wrong
+    one is not."""
+    import torch
+
+    from trainverify_dsl.spec.trace import trace_training_step
+
+    path = plan(tmp_path, "BetweenNet")
+    verdict = check_file(path, allow_model_outside_root=True)
+    assert verdict.verdict == "verified", verdict.reason
+    path.write_text(PLAN.format(cls="BetweenNet").replace("op=avg", "op=sum"), encoding="utf-8")
+    assert check_file(path, allow_model_outside_root=True).verdict == "counterexample"
+    namespace: dict[str, object] = {}
+    exec(compile(MODELS, str(tmp_path / "models.py"), "exec"), namespace)  # noqa: S102
+    model = namespace["BetweenNet"]()
+    specs = {"inp": ((8, 4), torch.float32), "tgt": ((8, 4), torch.float32)}
+    spec = trace_training_step(model, specs, None, reuse=True, exact_reuse=True)
+    assert spec.block_list == ""
+    assert any("computes between the blocks" in note for note in spec.notes), spec.notes
+
+
+def test_blocks_called_with_arguments_of_their_own_are_traced_whole(tmp_path: Path) -> None:
+    """A per-layer argument (``block(h, scales[k])``): the outer model around one block would
+    give every block the first one's; verified, traced whole."""
+    path = plan(tmp_path, "PerLayerNet")
+    verdict = check_file(path, allow_model_outside_root=True)
+    assert verdict.verdict == "verified", verdict.reason

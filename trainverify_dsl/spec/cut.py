@@ -71,12 +71,20 @@ leave.register_autograd(_leave_backward, setup_context=_leave_setup)
 class BlockStub(nn.Module):
     """Stands in for the whole block list; records how the first block was called."""
 
-    def __init__(self) -> None:
+    def __init__(self, record: bool = False) -> None:
         super().__init__()
+        #: ``record``: each call's arguments and result are kept (a plain run, never an
+        #: export, which would take the kept tensors for unregistered state)
+        self.record = record
         self.calls: list[tuple[tuple[object, ...], dict[str, object]]] = []
+        #: what each call returned (``spec.trace.capture_stub_call`` follows the chain)
+        self.returned: list[torch.Tensor] = []
         self.anchor = nn.Parameter(torch.zeros(()))
 
     def forward(self, *args: object, **kwargs: object) -> torch.Tensor:
-        self.calls.append((args, kwargs))
         tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
-        return leave(tensors[0], tensors[1:], self.anchor)
+        out = leave(tensors[0], tensors[1:], self.anchor)
+        if self.record:
+            self.calls.append((args, kwargs))
+            self.returned.append(out)
+        return out

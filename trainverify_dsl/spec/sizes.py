@@ -37,6 +37,7 @@ from trainverify_dsl.spec.fx_import import user_frame
 from trainverify_dsl.spec.trace import (
     _BlockCall,
     _export,
+    _NoReuse,
     capture_stub_call,
     fake_mode_of,
     find_block_list,
@@ -121,6 +122,10 @@ def _graphs(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> list[Any]:
     if found is None:
         return [_export(model, inputs)]
     list_path, blocks = found
+    try:
+        args, kwargs = capture_stub_call(model, list_path, inputs)[0].calls[0]
+    except _NoReuse:  # not a plain loop over its blocks: the model is read whole
+        return [_export(model, inputs)]
     parent_path, _, attr = list_path.rpartition(".")
     parent = model.get_submodule(parent_path)
     original = getattr(parent, attr)
@@ -129,7 +134,6 @@ def _graphs(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> list[Any]:
         graphs = [_export(model, inputs)]
     finally:
         setattr(parent, attr, original)
-    args, kwargs = capture_stub_call(model, list_path, inputs)[0].calls[0]
     seen: set[type] = set()
     for block in blocks:
         if type(block) not in seen:

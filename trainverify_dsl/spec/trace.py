@@ -492,18 +492,55 @@ def _trace_block(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 def capture_stub_call(model: nn.Module, list_path: str,
                        inputs: tuple[torch.Tensor, ...]) -> tuple[BlockStub, nn.ModuleList]:
+    """How the model calls its blocks, from a run with the list replaced by two stubs: each
+    must be called once, the second on exactly what the first returned and with the same
+    other arguments. The outer graph is traced around one stub (``_trace_outer``), so the
+    block-by-block trace is the model's step only when the loop is ``h = block(h, ...)``: an
+    op of the parent between two blocks (``h = h + relu(block(h))``) would be traced once,
+    not once per block, and such a model is traced whole instead (``_NoReuse``)."""
     parent_path, _, attr = list_path.rpartition(".")
     parent = model.get_submodule(parent_path)
     original = getattr(parent, attr)
-    stub = BlockStub()
-    setattr(parent, attr, nn.ModuleList([stub]))
+    stubs = [BlockStub(record=True), BlockStub(record=True)]
+    setattr(parent, attr, nn.ModuleList(stubs))
     try:
         model(*inputs)
     finally:
         setattr(parent, attr, original)
-    if len(stub.calls) != 1:
+    if [len(s.calls) for s in stubs] != [1, 1]:
         raise _NoReuse(f"the block list {list_path!r} is not called as a loop over layers")
-    return stub, original
+    (first_args, first_kwargs), (args, kwargs) = stubs[0].calls[0], stubs[1].calls[0]
+    first, second = _call_tensors(first_args, first_kwargs), _call_tensors(args, kwargs)
+    if not second or second[0] is not stubs[0].returned[0]:
+        raise _NoReuse(f"the model computes between the blocks of {list_path!r} (a block's "
+                       "input is not the previous block's output)")
+    if len(first) != len(second) or not all(
+            _same_view(a, b) for a, b in zip(first[1:], second[1:], strict=True)) or \
+            _non_tensors(first_args, first_kwargs) != _non_tensors(args, kwargs):
+        raise _NoReuse(f"the blocks of {list_path!r} are called with different arguments")
+    return stubs[0], original
+
+
+def _call_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    return [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+
+
+def _non_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+    return [repr(a) for a in args if not isinstance(a, torch.Tensor)] + \
+        [f"{k}={v!r}" for k, v in sorted(kwargs.items()) if not isinstance(v, torch.Tensor)]
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same tensor, or the same view of the same storage (a table sliced again in each
+    iteration, ``freqs[:seq]``)."""
+    if a is b:
+        return True
+    try:
+        return (a.shape, a.stride(), a.storage_offset(), a.dtype) == \
+            (b.shape, b.stride(), b.storage_offset(), b.dtype) and \
+            a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    except Exception:  # noqa: BLE001 - a tensor without a storage: not known to be the same
+        return False
 
 
 #: The joint graphs of the model around its block list, by the key of their export: a loop

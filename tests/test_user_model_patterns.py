@@ -25,6 +25,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from trainverify_dsl.api import check_file, layout_diagnostics
 
 MODELS = textwrap.dedent('''\
@@ -320,3 +322,53 @@ def test_blocks_called_with_arguments_of_their_own_are_traced_whole(tmp_path: Pa
     path = plan(tmp_path, "PerLayerNet")
     verdict = check_file(path, allow_model_outside_root=True)
     assert verdict.verdict == "verified", verdict.reason
+
+
+def test_yes_no_words_of_the_spec_line_reach_a_keyword_model_as_booleans(tmp_path: Path
+                                                                         ) -> None:
+    """A model built from keyword arguments (no named config) got `tie false` as the string
+    "false", which Python reads as true: the head stayed tied. The plan's words are
+    booleans, and an argument annotated `bool`, `int` or `float` takes nothing else (an
+    error at the spec line)."""
+    from trainverify_dsl.api import prepare
+    from trainverify_dsl.spec.load import keyword_settings
+
+    (tmp_path / "flag.py").write_text(textwrap.dedent('''\
+        from __future__ import annotations
+
+        import torch
+        from torch import nn
+
+
+        class FlagNet(nn.Module):
+            def __init__(self, tie: bool = True, width: int = 4, plain=None):
+                super().__init__()
+                self.tie, self.plain = tie, plain
+                self.fc = nn.Linear(width, width, bias=False)
+
+            def input_specs(self, batch, seq):
+                return {"inp": ((batch, 4), torch.float32)}
+
+            def forward(self, inp):
+                return self.fc(inp).pow(2).mean()
+        '''), encoding="utf-8")
+    path = tmp_path / "flag.tvp"
+    text = ('plan p\nspec "flag.py:FlagNet" batch 4 seq 1 {settings}\nmesh dp=2\n'
+            "split inp [dp, -]\nall-reduce grad(params) over dp op=avg\n"
+            "optimizer sgd lr=0.1\n")
+    path.write_text(text.format(settings="tie false plain true"), encoding="utf-8")
+    model = prepare(path, real=False, allow_model_outside_root=True).fake_model
+    assert model.tie is False and model.plain is True
+    path.write_text(text.format(settings="tie maybe"), encoding="utf-8")
+    (found,) = layout_diagnostics(path, allow_model_outside_root=True)
+    assert found.code.id == "TVP303" and (found.span.file, found.span.line) == (str(path), 2)
+    assert "write `tie true` or `tie false`, not 'maybe'" in found.message
+
+    class Net:
+        def __init__(self, tie: bool, width: int, scale: float, name: str = "") -> None: ...
+
+    assert keyword_settings(Net, {"tie": "true", "width": 8.0, "scale": 1, "name": "false"}) \
+        == {"tie": True, "width": 8, "scale": 1.0, "name": "false"}
+    for bad in ({"width": 1.5}, {"scale": "x"}, {"tie": 1}):
+        with pytest.raises(ValueError):
+            keyword_settings(Net, bad)

@@ -223,7 +223,7 @@ def model_class(ref: ModelRef) -> Any:
 
 def _construct(cls: Any, ref: ModelRef, overrides: dict[str, Any]) -> Any:
     if ref.config is None:
-        return cls(**overrides)
+        return cls(**keyword_settings(cls, overrides))
     if not hasattr(cls, "from_config_name"):
         raise fail(codes.CONFIG_NOT_FOUND, f"{cls.__name__} has no from_config_name, so "
                    f"config {ref.config!r} cannot be used", str(ref.file))
@@ -232,6 +232,43 @@ def _construct(cls: Any, ref: ModelRef, overrides: dict[str, Any]) -> Any:
         raise fail(codes.CONFIG_NOT_FOUND, f"unknown config {ref.config!r}", str(ref.file),
                    help=_did_you_mean(ref.config, sorted(configs)))
     return cls.from_config_name(ref.config, **overrides)
+
+
+def keyword_settings(cls: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    """Spec-line settings (``spec "m.py:Net" ... tie false d 8``) as the keyword arguments of
+    a model built without a named config, typed as the shipped models type their config
+    fields (docs/language.md): ``true`` and ``false`` are the plan's yes/no words, never the
+    strings (``"false"`` is true in Python); an argument annotated ``bool`` takes nothing
+    else, one annotated ``int`` or ``float`` a number. A ValueError names what to write (the
+    caller reports it at the spec line)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # a constructor without a readable signature
+        parameters = {}
+    typed = {}
+    for key, value in settings.items():
+        parameter = parameters.get(key)
+        kind = parameter.annotation if parameter is not None else inspect.Parameter.empty
+        name = "" if kind is inspect.Parameter.empty else \
+            str(getattr(kind, "__name__", kind)).replace(" ", "").removesuffix("|None")
+        is_number = isinstance(value, int | float) and not isinstance(value, bool)
+        if value in ("true", "false") and name in ("", "bool"):
+            value = value == "true"
+        elif name == "bool" and not isinstance(value, bool):
+            raise ValueError(f"{key} is a yes/no setting: write `{key} true` or `{key} "
+                             f"false`, not {value!r}")
+        elif name == "int" and not (is_number and float(value).is_integer()):
+            raise ValueError(f"{key} is a whole number: write e.g. `{key} 8`, not {value!r}")
+        elif name == "float" and not is_number:
+            raise ValueError(f"{key} is a number: write e.g. `{key} 0.1`, not {value!r}")
+        elif name == "int":
+            value = int(value)
+        elif name == "float":
+            value = float(value)
+        typed[key] = value
+    return typed
 
 
 def load_model(ref: str | ModelRef, config: str | None = None, *, fake: bool = True,

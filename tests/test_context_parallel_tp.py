@@ -78,3 +78,47 @@ def test_a_split_backward_at_the_gather_is_found_at_the_algorithm(tmp_path: Path
     assert [(d.code.id, d.span.line) for d in findings] == [("TVP410", line)]
     result = simulate_file(path, allow_model_outside_root=True, stop_on_errors=False)
     assert not result.agrees and result.max_rel_error > 1e-3
+
+
+INSIDE = """plan cp_tp_inside
+spec "{root}/stdlib/models/llama.py:Llama" config llama_tiny batch 2 seq 8
+spec-optimizer sgd lr=0.01
+mesh ctx=2, tp=2
+use "{root}/stdlib/megatron.tvp"
+
+split tokens [-, ctx]
+split labels [-, ctx]
+
+for blk in layers:
+    algorithm context-parallel-attention for blk.attention over ctx
+{heads}
+    apply swiglu_parallel(blk.feed_forward, tp)
+
+all-reduce grad(params) over ctx op=avg
+optimizer sgd lr=0.01
+"""
+#: Megatron's column/row-parallel statements on the projections, inside the attention
+APPLIED = "    apply attention_parallel(blk.attention, tp)"
+#: the same collectives at the attention's boundary, where the algorithm's input and output are
+BOUNDARY = "\n".join([
+    "    split blk.attention.wq.weight [tp, -]", "    split blk.attention.wk.weight [tp, -]",
+    "    split blk.attention.wv.weight [tp, -]", "    split blk.attention.wo.weight [-, tp]",
+    "    copy blk.attention.in over tp", "    all-reduce blk.attention.out over tp"])
+
+
+def test_statements_inside_a_module_an_algorithm_replaces_are_rejected_at_them(
+        tmp_path: Path) -> None:
+    """The algorithm computes the attention whole: a `copy` on `wq.in` inside it would not
+    run. It was TVP408 at the spec line ("view in ...wq ... is also used outside it"); it is
+    TVP408 at the statement, naming the algorithm and the boundary to use instead, and the
+    boundary form lints clean and agrees."""
+    path = tmp_path / "inside.tvp"
+    path.write_text(INSIDE.format(root=ROOT, heads=APPLIED), encoding="utf-8")
+    (found,) = layout_diagnostics(path)
+    assert found.code.id == "TVP408" and found.span.line == 12, found
+    assert "`layers.0.attention.wq.in` is inside `layers.0.attention`" in found.message
+    assert any("algorithm context-parallel-attention for layers.0.attention` is at" in n
+               for n in found.notes)
+    path.write_text(INSIDE.format(root=ROOT, heads=BOUNDARY), encoding="utf-8")
+    assert layout_diagnostics(path) == []
+    assert simulate_file(path).agrees

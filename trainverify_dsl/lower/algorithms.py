@@ -857,6 +857,14 @@ def _replacing(cx: Context, what: str) -> list[Site]:
     return [s for s in sites if ALGORITHMS[s.name].replaces == what]
 
 
+def enclosing_site(cx: Context, module: str) -> Site | None:
+    """The algorithm replacing a module that strictly encloses ``module`` (``layers.0.
+    attention`` for ``layers.0.attention.wq``), else ``None``: the algorithm computes that
+    module as a whole, so nothing the plan states inside it is run."""
+    return next((s for s in _replacing(cx, "module") if module.startswith(f"{s.module}.")),
+                None)
+
+
 def loss_region(cx: Context, graph: torch.fx.Graph) -> set[torch.fx.Node]:
     """The loss computation a loss algorithm replaces: ops outside every module that depend on
     the named module's ``.out`` (empty without such an algorithm)."""

@@ -618,9 +618,33 @@ class _Lowering:
 
     # -- module boundaries: collectives and claims ----------------------------------------
 
+    def _inside_an_algorithm(self, module: str, point: str) -> None:
+        """A collective or claim the plan states inside a module an ``algorithm`` replaces
+        (``copy layers.0.attention.wq.in`` under ``algorithm context-parallel-attention for
+        layers.0.attention``): the algorithm computes the module whole, so the statement
+        would not run. Rejected at the statement (TVP408), never dropped."""
+        statements = list(self.binding.collectives_at(point)) + \
+            list(self.binding.claims_at(point))
+        site = algorithms.enclosing_site(self.algorithm_context, module) if statements \
+            else None
+        if site is None:
+            return
+        first = statements[0]
+        raise LoweringError(Finding(
+            codes_lower.ALGORITHM_NOT_APPLICABLE,
+            f"`{point}` is inside `{site.module}`, which `algorithm {site.name}` replaces "
+            "whole: the algorithm computes the module from its input, so what the plan "
+            "states inside it would not run",
+            first.origin, point, notes=(
+                f"`algorithm {site.name} for {site.module}` is at "
+                f"{site.origin.report_span.file}:{site.origin.report_span.line}",),
+            help=f"state the collectives at the module's boundary (`{site.module}.in`, "
+                 f"`{site.module}.out`), where the algorithm's input and output are"))
+
     def _mark(self, node: torch.fx.Node) -> tuple[torch.fx.Node, TLayout]:
         source, point = node.args
         module, _, side = point.rpartition(".")
+        self._inside_an_algorithm(module, point)
         if side.startswith("in"):
             self.entered.setdefault(module, self.order)
         replaced = algorithms.module_output(self.algorithm_context, point)

@@ -15,6 +15,7 @@ no test can hang. The bug plans beyond a fast set of three are marked ``slow``.
 from __future__ import annotations
 
 import multiprocessing
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -368,3 +369,17 @@ def test_masked_labels_count_unevenly_in_every_block_split(shape: tuple[int, ...
                 continue
             counts = {int(b.sum()) for b in np.split(kept, blocks, axis=dim)}
             assert len(counts) > 1, (dim, blocks)
+
+
+def test_a_refusal_names_the_statement_it_refuses(tmp_path: Path) -> None:
+    """What the oracle does not run (per-rank overrides, a loss reduction, virtual stages) is
+    refused at the statement's file:line:col, as every other diagnostic is."""
+    text = (ROOT / "plans" / "mlp_tiny_dp.tvp").read_text(encoding="utf-8").replace(
+        '"stdlib/', f'"{ROOT}/stdlib/')
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines, 1) if line.startswith("optimizer "))
+    path = tmp_path / "override.tvp"
+    path.write_text("\n".join(lines[:at] + ["on dp=1: optimizer sgd lr=0.1"] + lines[at:])
+                    + "\n", encoding="utf-8")
+    with pytest.raises(OracleError, match=rf"^{re.escape(str(path))}:{at + 1}:1: per-rank"):
+        run_distributed(path)

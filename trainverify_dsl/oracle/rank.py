@@ -229,13 +229,16 @@ class RankStep:
             if m is not None and isinstance(time, int) and m >= time:
                 continue
             kind = GRAD_KINDS.get(statement.kind)
+            span = statement.origin.report_span
+            where = f"{span.file}:{span.line}:{span.col}"
             if kind is None:
-                raise OracleError(f"gradient statement `{statement.kind}` is not run by the "
-                                  "oracle")
+                raise OracleError(f"{where}: gradient statement `{statement.kind}` is not run "
+                                  "by the oracle")
             axes = tuple(statement.axes)
             if "pp" in axes and (axes != ("pp",) or kind != "all_reduce"):
-                raise OracleError("a gradient statement over `pp` other than the embedding "
-                                  "group's `all-reduce grad(P) over pp` is not run by the oracle")
+                raise OracleError(f"{where}: a gradient statement over `pp` other than the "
+                                  "embedding group's `all-reduce grad(P) over pp` is not run "
+                                  "by the oracle")
             dim = statement.dim or 0
             for p in names:
                 if p in grads:

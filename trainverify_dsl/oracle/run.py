@@ -105,6 +105,13 @@ class OracleResult:
         return text
 
 
+def _at(origin: Any, path: Path) -> str:
+    """``file:line:col`` of a plan statement (an origin's report span, or a span), else the
+    plan file's 1:1."""
+    span = getattr(origin, "report_span", origin)
+    return f"{span.file}:{span.line}:{span.col}" if hasattr(span, "line") else f"{path}:1:1"
+
+
 def _prepare(path: Path, folder: Path, seed: int, timeout: float,
              allow_model_outside_root: bool = False, few: bool = False,
              layout_errors: tuple[str, ...] | None = None) -> RankJob:
@@ -120,22 +127,25 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float,
 
     plan = resolve_plan(path)
     if plan.mesh is None:
-        raise OracleError(f"{path}: the plan has no mesh")
+        raise OracleError(f"{path}:1:1: the plan has no mesh")
     world = math.prod(a.size for a in plan.mesh.axes)
     if world > MAX_RANKS:
-        raise OracleError(f"{path}: the mesh has {world} ranks; the distributed oracle runs "
+        raise OracleError(f"{_at(plan.mesh.span, path)}: the mesh has {world} ranks; the "
+                          "distributed oracle runs "
                           f"one process per rank and takes at most {MAX_RANKS} (use `tvp "
                           "simulate` for larger meshes)")
     if plan.schedule == INTERLEAVED:
-        raise OracleError(f"{path}: the oracle runs one stage per pp rank; virtual stages "
+        raise OracleError(f"{_at(plan.header_origin('microbatches'), path)}: the oracle "
+                          "runs one stage per pp rank; virtual stages "
                           "(`schedule interleaved-1f1b`) are not run by it (use `tvp "
                           "simulate`)")
     if plan.overrides:
-        raise OracleError(f"{path}: per-rank overrides (`on ...: optimizer ...`) are not run "
-                          "by the oracle (every rank runs the plan-wide optimizer; use `tvp "
-                          "simulate`)")
+        raise OracleError(f"{_at(plan.overrides[0].origin, path)}: per-rank overrides (`on "
+                          "...: optimizer ...`) are not run by the oracle (every rank runs "
+                          "the plan-wide optimizer; use `tvp simulate`)")
     if plan.loss_reduction is not None and plan.loss_reduction.mode != "local-mean":
-        raise OracleError(f"{path}: `loss-reduction {plan.loss_reduction.mode}` is not run by "
+        raise OracleError(f"{_at(plan.loss_reduction.origin, path)}: `loss-reduction "
+                          f"{plan.loss_reduction.mode}` is not run by "
                           "the oracle (its ranks run the default local mean, each dividing its "
                           "loss by its own count, not the plan's reduction; use `tvp simulate`)")
     # the full-size layout pass of every other command: its errors (a false layout claim, a

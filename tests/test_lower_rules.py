@@ -498,6 +498,26 @@ def test_partial_claim_on_a_complete_tensor(tmp_path: Path) -> None:
     assert claims[0].span.line == line_of(path, "partial fc2.out")
 
 
+def test_a_claim_over_an_axis_it_does_not_name_says_so(tmp_path: Path) -> None:
+    """`replicate fc2.out over dp` says nothing of tp, which is then claimed replicated: the
+    row-parallel output's partial sum over tp (no all-reduce) contradicts it, and the
+    finding says the claim over tp comes from the axis not being named, and what to write
+    if partial is meant; naming tp gives the plain message."""
+    path = write(tmp_path, "TwoLinear", "batch 4 seq 2\nmesh dp=2, tp=2",
+                 COLUMN_ROW.replace("all-reduce fc2.out over tp", "") +
+                 "replicate fc2.out over dp\n")
+    claims = [f for f in lowered(path).findings if f.code.name in CLAIM]
+    assert len(claims) == 1, claims
+    assert "no layout statement of `fc2.out` names tp" in claims[0].message
+    assert "add `partial fc2.out over tp op=sum` if that is meant" in claims[0].message
+    path = write(tmp_path, "TwoLinear", "batch 4 seq 2\nmesh dp=2, tp=2",
+                 COLUMN_ROW.replace("all-reduce fc2.out over tp", "") +
+                 "replicate fc2.out over dp, tp\n")
+    claims = [f for f in lowered(path).findings if f.code.name in CLAIM]
+    assert len(claims) == 1 and "names tp" not in claims[0].message
+    assert "(a reduction is missing)" in claims[0].message
+
+
 def test_partial_sum_into_a_nonlinear_op_names_the_module(tmp_path: Path) -> None:
     path = write(tmp_path, "PoolNet", "batch 4 seq 2\nmesh tp=2", POOL)
     found = [f for f in lowered(path).findings if f.code.name == "partial-nonlinear"]

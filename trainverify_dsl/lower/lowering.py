@@ -900,8 +900,15 @@ def claim_problem(claim: Any, lay: TLayout, sizes: Mapping[str, int]) -> str | N
                    f"partial({lay.partial[0]}) over it"
         if kind != "Partial" and derived_partial:
             assert lay.partial is not None
-            return (f"claimed {'split' if kind == 'Shard' else 'replicated'} over {axis}, but "
-                    f"the value is partial({lay.partial[0]}) over it (a reduction is missing)")
+            said = f"claimed {'split' if kind == 'Shard' else 'replicated'} over {axis}"
+            if axis not in want.stated_axes:
+                return (f"{said} (no layout statement of `{want.target}` names {axis}, and "
+                        f"an axis none names is claimed replicated), but the value is "
+                        f"partial({lay.partial[0]}) over it: add `partial {want.target} over "
+                        f"{axis} op={lay.partial[0]}` if that is meant, else a reduction is "
+                        "missing")
+            return (f"{said}, but the value is partial({lay.partial[0]}) over it (a "
+                    "reduction is missing)")
         if kind == "Shard" and placement.dim not in derived_dims:
             return f"claimed split over {axis} on dimension {placement.dim}, derived " \
                    f"{lay.describe()}"

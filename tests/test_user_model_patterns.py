@@ -372,3 +372,45 @@ def test_yes_no_words_of_the_spec_line_reach_a_keyword_model_as_booleans(tmp_pat
     for bad in ({"width": 1.5}, {"scale": "x"}, {"tie": 1}):
         with pytest.raises(ValueError):
             keyword_settings(Net, bad)
+
+
+def test_a_difference_at_an_algorithms_input_is_reported_at_the_algorithm(tmp_path: Path
+                                                                          ) -> None:
+    """A value entering a row-parallel algorithm where no statement stands (the plan's
+    column-parallel output normalised by a sum over its split features, TVP404) differs
+    there: the counterexample named no plan line; it names the algorithm reading it."""
+    (tmp_path / "norm.py").write_text(textwrap.dedent('''\
+        import torch
+        from torch import nn
+
+
+        class SumNormNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.up = nn.Linear(4, 8)
+                self.down = nn.Sequential(nn.GELU(), nn.Linear(8, 4))
+
+            def input_specs(self, batch, seq):
+                return {"inp": ((batch, 4), torch.float32), "tgt": ((batch, 4), torch.float32)}
+
+            def forward(self, inp, tgt):
+                z = self.up(inp)
+                z = z / (z * z).sum(-1, keepdim=True)
+                return ((self.down(z) - tgt) ** 2).mean()
+        '''), encoding="utf-8")
+    path = tmp_path / "norm.tvp"
+    path.write_text('plan p\nspec "norm.py:SumNormNet" batch 8 seq 1\n'
+                    "spec-optimizer sgd lr=0.1\nmesh rows=2, cols=2\n"
+                    "split inp [rows, -]\nsplit tgt [rows, -]\n"
+                    "split up.weight [cols, -]\nsplit up.bias [cols]\ncopy up.in over cols\n"
+                    "split down.1.weight [-, cols]\n"
+                    "algorithm row-parallel-linear for down.1 over cols\n"
+                    "all-reduce grad(params) over rows op=avg\noptimizer sgd lr=0.1\n",
+                    encoding="utf-8")
+    found = layout_diagnostics(path, allow_model_outside_root=True)
+    assert [(d.code.id, d.span.line) for d in found] == [("TVP404", 8)]
+    verdict = check_file(path, allow_model_outside_root=True)
+    assert verdict.verdict == "counterexample", verdict.reason
+    found = verdict.counterexample
+    assert found is not None and found.tensor == "down.1.in", found
+    assert found.span is not None and found.span.line == 11, found

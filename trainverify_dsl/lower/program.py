@@ -255,13 +255,17 @@ def claimed_layout(claim: Layout, derived: TLayout, sizes: Mapping[str, int]) ->
 
 def _lineages(lowered: Lowered) -> tuple[Lineage, ...]:
     """Each marked point's lineage, with the statement that made it: the algorithm computing
-    the module's output, else the last collective at the point, else none. An algorithm comes
+    the module's output, else the last collective at the point, else (at an algorithm's
+    input) the algorithm reading it, else none. An algorithm comes
     first: the collectives after it at the point are exact on its value (each one's layout
     rule finds every way it could leave the derived lineage, TVP406), so a difference there
     was already in the algorithm's value (Rule 7.2: heads split over tp, the context-parallel
     attention's output is all-reduced at the point)."""
     computed_by = {f"{path}.out": alg.origin for alg, paths in lowered.binding.algorithms
                    for path in paths if path != "loss"}
+    # an algorithm's input, where no statement stands: the algorithm, which reads it
+    read_by = {path: alg.origin for alg, paths in lowered.binding.algorithms
+               for path in paths if path != "loss"}
     named = lowered.binding.marked_modules()  # not the boundaries only the checker marked
     out = []
     for point, lay in lowered.lineages.items():
@@ -269,7 +273,9 @@ def _lineages(lowered: Lowered) -> tuple[Lineage, ...]:
             continue
         statements = lowered.binding.collectives_at(point)
         origin = source_of(computed_by[point]) if point in computed_by else \
-            source_of(statements[-1].origin) if statements else Source(None)
+            source_of(statements[-1].origin) if statements else \
+            source_of(read_by[module_of(point)]) if module_of(point) in read_by and \
+            not point.endswith(".out") else Source(None)
         out.append(Lineage(point, lay, origin))
     return tuple(out)
 

@@ -146,6 +146,16 @@ MODELS = textwrap.dedent('''\
             return ((h * self.temp - tgt) ** 2).mean()
 
 
+    class MeanSumNet(NormNet):
+        def forward(self, inp, tgt):  # a mean over the batch, then a sum over features
+            return ((self.out(self.fc(inp)) - tgt) ** 2).mean(0).sum()
+
+
+    class FeatureMeanSumNet(NormNet):
+        def forward(self, inp, tgt):  # a mean over features, then a sum over the batch
+            return ((self.out(self.fc(inp)) - tgt) ** 2).mean(1).sum()
+
+
     class MaskNet(NormNet):
         def forward(self, inp, tgt):
             mask = torch.ones(8, dtype=torch.bool)
@@ -414,3 +424,27 @@ def test_a_difference_at_an_algorithms_input_is_reported_at_the_algorithm(tmp_pa
     found = verdict.counterexample
     assert found is not None and found.tensor == "down.1.in", found
     assert found.span is not None and found.span.line == 11, found
+
+
+def test_a_mean_over_the_batch_then_a_sum_over_features_is_a_mean_loss(tmp_path: Path
+                                                                        ) -> None:
+    """`e.pow(2).mean(0).sum()` is (1/B) times a sum over every element: a mean over the
+    batch, whose local value each data rank averages (op=avg). It was TVP414 ("ends in a
+    sum over every element") with no plan that could state it. Now verified, and the gloo
+    oracle agrees; op=sum is found; a mean over features then a sum over the split batch
+    is still a sum over the ranks' shares (TVP414)."""
+    from trainverify_dsl.oracle import run_distributed
+
+    path = plan(tmp_path, "MeanSumNet")
+    assert layout_diagnostics(path, allow_model_outside_root=True) == []
+    verdict = check_file(path, allow_model_outside_root=True)
+    assert verdict.verdict == "verified", verdict.reason
+    oracle = run_distributed(path, allow_model_outside_root=True)
+    assert oracle.agrees, oracle.differences[:3]
+    path.write_text(PLAN.format(cls="MeanSumNet").replace("op=avg", "op=sum"), encoding="utf-8")
+    assert [d.code.id for d in layout_diagnostics(path, allow_model_outside_root=True)] == \
+        ["TVP411"]
+    assert check_file(path, allow_model_outside_root=True).verdict == "counterexample"
+    path = plan(tmp_path, "FeatureMeanSumNet")
+    assert [d.code.id for d in layout_diagnostics(path, allow_model_outside_root=True)] == \
+        ["TVP414"]

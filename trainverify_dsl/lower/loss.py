@@ -59,6 +59,12 @@ class Root:
     #: guards between the count and the division, innermost first (``guarded``): ``S /
     #: C.clamp(min=1)``, ``S / torch.maximum(C, 1)``, ``S / (C + eps)``
     guards: tuple[torch.fx.Node, ...] = ()
+    #: a sum over every element of ``numerator``, a ``mean`` of ``averaged`` over these
+    #: dimensions (``e.pow(2).mean(0).sum()``): where the plan splits only these dimensions
+    #: of ``averaged``, the sum runs over none of a rank's shares, and the ordinary rules
+    #: lower the loss (``lowering._mean_then_sum``); elsewhere it is a sum like any
+    mean_dims: tuple[int, ...] = ()
+    averaged: torch.fx.Node | None = None
 
 
 #: Ops that guard a token count against an empty batch (``count.clamp(min=1)``,
@@ -138,8 +144,27 @@ def find_root(loss: Any) -> Root | None:
         if dims is None or dims == [] or \
                 {d % rank for d in (dims if isinstance(dims, (list, tuple)) else [dims])} \
                 == set(range(rank)):
+            averaged = _mean_dims(x) if name == "aten.sum" else None
+            if averaged is not None:
+                return Root(node, x, None, summed=True, mean_dims=averaged,
+                            averaged=x.args[0])
             return Root(node, x, None, summed=name == "aten.sum")
     return None
+
+
+def _mean_dims(x: torch.fx.Node) -> tuple[int, ...] | None:
+    """The dimensions ``x`` averages, when it is a ``mean`` over some (not all) dimensions of
+    a tensor that only the loss's sum reads; else ``None``."""
+    if x.op != "call_function" or packet_name(x.target) != "aten.mean" or \
+            len(_readers(x)) != 1 or not isinstance(x.args[0], torch.fx.Node):
+        return None
+    rank = x.args[0].meta["val"].dim()
+    dims = x.args[1] if len(x.args) > 1 else x.kwargs.get("dim")
+    if dims is None or dims == [] or rank == 0:
+        return None
+    found = tuple(sorted({d % rank for d in (dims if isinstance(dims, (list, tuple))
+                                             else [dims])}))
+    return found if len(found) < rank else None
 
 
 def find_roots(loss: Any, reads_data: Callable[[torch.fx.Node], bool] = lambda n: True
@@ -335,6 +360,9 @@ def root_axes(layouts: Any, root: Root) -> tuple[str, ...] | None:
     """The axes the loss is split over at its normaliser: those splitting the averaged
     tensor of a mean, those a ratio's sum is partial over; ``None`` when not lowered."""
     lay = layouts.get(root.numerator)
+    if root.averaged is not None and not (lay is None or isinstance(lay, tuple)) and \
+            lay.partial and lay.partial[0] == "avg":
+        lay = layouts.get(root.averaged)  # a mean's own: the axes splitting what it averages
     if lay is None or isinstance(lay, tuple):
         return None
     if root.count is None:

@@ -531,6 +531,18 @@ class _Lowering:
                 f"values of {self.binding.stage_label(actual)}",
                 self.binding.stage_span(declared), "loss"))
 
+    def _mean_then_sum(self, root: loss_norm.Root) -> bool:
+        """A loss summing a mean over dimensions that hold every split of the averaged
+        tensor (``e.pow(2).mean(0).sum()`` with the batch split): the mean is each rank's
+        own (``Partial(avg)`` over the data axes, as a mean over every dimension is), the
+        sum after it linear and over no rank's share. Under the default ``local-mean`` the
+        ordinary rules lower it; a split of another dimension leaves it a sum over shares."""
+        if root.averaged is None or loss_norm.mode_of(self.plan) != "local-mean":
+            return False
+        lay = self.layouts.get(root.averaged)
+        return isinstance(lay, TLayout) and not lay.partial and all(
+            d in root.mean_dims for d in range(lay.rank) if lay.dim_axes(d))
+
     def visit(self, node: torch.fx.Node) -> None:
         stage = self.stage
         if node in self.values[stage]:
@@ -540,7 +552,7 @@ class _Lowering:
         self.current_cause = self._merge_causes(node)
         if name == MARK:
             new, lay = self._mark(node)
-        elif any(node is r.node for r in self.loss_roots):
+        elif any(node is r.node and not self._mean_then_sum(r) for r in self.loss_roots):
             root = next(r for r in self.loss_roots if node is r.node)
             new, lay = loss_norm.lower_root(self, root)
             operands = [(a, self.layouts.get(a), _floating(a)) for a in node.all_input_nodes]

@@ -366,10 +366,23 @@ def test_an_optimizer_default_written_out_is_the_default(tmp_path: Path, stated:
     assert (found.code.id, found.span.line) == ("TVP280", 8)
 
 
+def test_a_difference_no_float_can_show_is_not_printed_as_equal_values(tmp_path: Path) -> None:
+    """`momentum=1e-1000` differs from the spec's 0, but as a float it is 0.0: the message
+    said "momentum=0.0 (spec: 0)". A value a float cannot hold is shown exactly or says so."""
+    head = ('plan demo\nspec "stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1\n'
+            "spec-optimizer sgd lr=0.1\nmesh dp=2\nsplit x [dp, -]\n"
+            "split target [dp, -]\nall-reduce grad(params) over dp op=avg\n")
+    (found,) = lint_files(tmp_path, {"main.tvp": head + "optimizer sgd lr=0.1 momentum=1e-1000\n"})
+    assert "momentum=a number too small for a float, but not 0 (spec: 0)" in found.message
+    (found,) = lint_files(tmp_path, {"main.tvp": head.replace("lr=0.1", "lr=1/3") +
+                                     "optimizer sgd lr=0.3333333333333333\n"})
+    assert "lr=0.3333333333333333 (spec: 1/3)" in found.message
+
+
 @pytest.mark.parametrize(("optimizer", "code", "col"), [
     ("optimizer sgd lr=1e400", "TVP255", 15),   # not a float64
     ("optimizer sgd lr=-0.1", "TVP255", 15),    # negative
-    ("optimizer sgd lr=0x10", "TVP125", None),  # not read at all
+    ("optimizer sgd lr=0x10", "TVP115", 18),    # not read at all: a glued number
 ])
 def test_a_bad_optimizer_value_is_reported_once_at_the_value(
         tmp_path: Path, optimizer: str, code: str, col: int | None) -> None:

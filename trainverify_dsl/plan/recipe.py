@@ -36,7 +36,18 @@ def _show(value: object) -> str:
     if isinstance(value, tuple):
         return "(" + ", ".join(_show(v) for v in value) + ")"
     if isinstance(value, Fraction):
-        return str(float(value)) if value.denominator != 1 else str(value.numerator)
+        if value.denominator == 1:
+            return str(value.numerator)
+        shown = repr(float(value))  # the shortest float that reads back as itself
+        if Fraction(shown) == value:
+            return shown
+        # no float holds it (1e-1000 is 0.0 as a float; two values apart past float
+        # precision would print alike): exactly, or says how it is rounded
+        if len(str(value.numerator)) + len(str(value.denominator)) <= 24:
+            return f"{value.numerator}/{value.denominator}"
+        if float(value) == 0:
+            return "a number too small for a float, but not 0"
+        return f"{float(value):.17g} (rounded)"
     return str(value)
 
 

@@ -265,12 +265,10 @@ def inline(cx: Context, fn: Callable[..., Any], inputs: list[Any]) -> Any:
     from trainverify_dsl.spec.trace import decompositions
 
     values = [n.meta["val"] for n in inputs]
-    table = decompositions()  # the table both programs use (spec/trace.py)
-    # Core ATen decomposes detach into alias, which is differentiable once AOTAutograd traces
-    # the local program: keep detach (the vocab-parallel max must not carry a gradient).
-    table.pop(torch.ops.aten.detach.default, None)
+    # the table both programs use (spec/trace.py; it keeps `detach`: the vocab-parallel
+    # max must not carry a gradient)
     with cx.fake_mode:
-        traced = make_fx(fn, decomposition_table=table)(*values)
+        traced = make_fx(fn, decomposition_table=decompositions())(*values)
     env: dict[torch.fx.Node, Any] = {}
     feed = iter(inputs)
     result = None

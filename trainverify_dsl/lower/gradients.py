@@ -86,6 +86,10 @@ def covered_dims(name: str, index: int, operand: TLayout, out: TLayout) -> set[i
     return None
 
 
+#: Ops whose backward gives their operand no gradient (``x.detach()``)
+STOPS_GRADIENT = frozenset({"aten.detach"})
+
+
 @dataclass(frozen=True, slots=True)
 class _Op:
     out: Any
@@ -226,6 +230,8 @@ class GradientTracker:
                 _merge(cot, item.source, contribution)
                 self._carry(item.source, carried)
                 continue
+            if item.name in STOPS_GRADIENT:
+                continue  # no cotangent reaches the operand
             out = item.layout if isinstance(item.layout, TLayout) else None
             for index, (value, lay, floating) in enumerate(item.operands):
                 if not floating or (isinstance(lay, TLayout) and lay.const):

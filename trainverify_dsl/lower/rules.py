@@ -85,7 +85,7 @@ def _any_partial(layouts: Sequence[TLayout]) -> TLayout | None:
 #: tensor operands are partial over the same axes, or when the others are replicated
 #: multipliers — see LINEAR_IN_ONE).
 ADDITIVE = {"aten.add", "aten.sub", "aten.neg", "aten.clone", "aten.alias", "aten._to_copy",
-            "aten.where"}
+            "aten.where", "aten.detach"}
 #: Linear in one operand when the others are not partial (x * c, x / c).
 LINEAR_IN_ONE = {"aten.mul", "aten.div"}
 
@@ -198,7 +198,7 @@ ELEMENTWISE = (
     "aten.eq", "aten.ne", "aten.logical_and", "aten.logical_or", "aten.logical_not",
     "aten.bitwise_not", "aten.clone", "aten.alias", "aten._to_copy", "aten.abs",
     "aten.maximum", "aten.minimum", "aten.reciprocal", "aten.clamp", "aten.sin", "aten.cos",
-    "aten.erf", "aten.masked_fill", "aten.log1p", "aten.expm1", "aten.sign",
+    "aten.erf", "aten.masked_fill", "aten.log1p", "aten.expm1", "aten.sign", "aten.detach",
 )
 
 

@@ -469,3 +469,28 @@ def test_a_detached_factor_gets_no_gradient_in_either_program(tmp_path: Path) ->
     verdict = check_file(path, allow_model_outside_root=True)
     assert verdict.verdict == "verified", verdict.reason
     assert run_distributed(path, allow_model_outside_root=True).agrees
+
+
+def test_a_frozen_parameter_is_a_located_diagnostic(tmp_path: Path) -> None:
+    """A parameter with `requires_grad=False` has no gradient in the single-device step:
+    every command failed with an internal `KeyError: 'grad(...)'`. It is TVP314 in the model
+    file (at the spec line when the line sets the model's arguments), from every command."""
+    (tmp_path / "frozen.py").write_text(MODELS + textwrap.dedent('''\
+
+
+        class FrozenNet(NormNet):
+            def __init__(self):
+                super().__init__()
+                self.gain = nn.Parameter(torch.ones(4), requires_grad=False)
+
+            def forward(self, inp, tgt):
+                return ((self.out(self.fc(inp * self.gain)) - tgt) ** 2).mean()
+        '''), encoding="utf-8")
+    path = tmp_path / "frozen.tvp"
+    path.write_text(PLAN.format(cls="FrozenNet").replace("models.py", "frozen.py"),
+                    encoding="utf-8")
+    (found,) = layout_diagnostics(path, allow_model_outside_root=True)
+    assert found.code.id == "TVP314" and found.span.file.endswith("frozen.py"), found
+    assert "`gain` does not require a gradient" in found.message
+    verdict = check_file(path, allow_model_outside_root=True)
+    assert verdict.verdict == "error" and "TVP314" in str(verdict.diagnostics), verdict

@@ -157,8 +157,22 @@ FIXED_COUNT_ALONG_SPLIT = Code(
     fix="# model code: g = h.view(-1, 4, d)       # groups of four rows, on any rank",
 )
 
+FROZEN_PARAMETER = Code(
+    "TVP314", "frozen-parameter", Severity.ERROR,
+    "a parameter of the model does not require a gradient",
+    what="A parameter of the spec model has `requires_grad=False` (frozen, as in a partly "
+         "fine-tuned model). The training step the checker compares gives every parameter "
+         "a gradient, its gradient statements and an optimizer update.",
+    why="A frozen parameter has no gradient in the single-device step, so `grad(params)` and "
+        "the optimizer would name a value that does not exist; frozen weights are not "
+        "supported yet, and guessing what the plan means for them could hide a bug.",
+    example="# model code: self.scale = nn.Parameter(torch.ones(d), requires_grad=False)",
+    fix='# model code: self.register_buffer("scale", torch.ones(d))   # a constant',
+)
+
 CODES: tuple[Code, ...] = (
     MODEL_NOT_FOUND, CONFIG_NOT_FOUND, MODEL_LOAD_FAILED, UNSUPPORTED_OP,
     DATA_DEPENDENT_SHAPE, TRACE_FAILED, BAD_INPUT_SPEC, IR_INVALID, BLOCK_REUSE_FALLBACK,
     MODEL_OUTSIDE_ROOT, SIZE_READ, SHRUNK_BELOW_CONSTANT, FIXED_COUNT_ALONG_SPLIT,
+    FROZEN_PARAMETER,
 )

@@ -282,8 +282,9 @@ def load_model(ref: str | ModelRef, config: str | None = None, *, fake: bool = T
     try:
         if fake:
             with FakeTensorMode(allow_non_fake_inputs=True):
-                return _construct(cls, model_ref, overrides)
-        return _construct(cls, model_ref, overrides)
+                model = _construct(cls, model_ref, overrides)
+        else:
+            model = _construct(cls, model_ref, overrides)
     except KeyError as error:
         raise fail(codes.CONFIG_NOT_FOUND, str(error).strip("'\""), str(model_ref.file)) \
             from None
@@ -295,6 +296,19 @@ def load_model(ref: str | ModelRef, config: str | None = None, *, fake: bool = T
                    f"{type(error).__name__}: {error}", str(model_ref.file),
                    help="this model is built from a named config: pass --config NAME "
                         "(see stdlib/models/configs.json)" if needs_config else None) from None
+    frozen = [name for name, p in getattr(model, "named_parameters", lambda: ())()
+              if not p.requires_grad]
+    if frozen:
+        shown = ", ".join(f"`{n}`" for n in frozen[:3]) + \
+            (f" and {len(frozen) - 3} more" if len(frozen) > 3 else "")
+        many = len(frozen) > 1
+        raise fail(codes.FROZEN_PARAMETER, f"{cls.__name__}'s parameter{'s' if many else ''} "
+                   f"{shown} {'do' if many else 'does'} not require a gradient "
+                   "(frozen): the training step checked gives every parameter a gradient and "
+                   "an update, and frozen parameters are not supported yet",
+                   str(model_ref.file), help="a constant is a buffer: `self.register_buffer("
+                   "name, tensor)`; a weight that trains needs `requires_grad=True`")
+    return model
 
 
 def unbatched_inputs(model: Any) -> frozenset[str]:

@@ -494,3 +494,46 @@ def test_a_frozen_parameter_is_a_located_diagnostic(tmp_path: Path) -> None:
     assert "`gain` does not require a gradient" in found.message
     verdict = check_file(path, allow_model_outside_root=True)
     assert verdict.verdict == "error" and "TVP314" in str(verdict.diagnostics), verdict
+
+
+def test_a_backward_of_the_models_own_and_a_no_grad_parameter_are_explained(
+        tmp_path: Path) -> None:
+    """A straight-through estimator (an autograd Function whose backward is the identity)
+    and a parameter read only under `torch.no_grad()` are not the step the checker
+    differentiates: the reference check refuses them (no verdict), saying which it is
+    rather than only "please report it"."""
+    (tmp_path / "own.py").write_text(MODELS + textwrap.dedent('''\
+
+
+        class Sign(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return torch.sign(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                return g
+
+
+        class SteNet(NormNet):
+            def forward(self, inp, tgt):
+                h = self.fc(inp)
+                return ((self.out(Sign.apply(h) + 0.1 * h) - tgt) ** 2).mean()
+
+
+        class NoGradNet(NormNet):
+            def __init__(self):
+                super().__init__()
+                self.gain = nn.Parameter(torch.ones(8))
+
+            def forward(self, inp, tgt):
+                with torch.no_grad():
+                    s = self.gain.sum()
+                return ((self.out(self.fc(inp) * s) - tgt) ** 2).mean()
+        '''), encoding="utf-8")
+    for cls, says in (("SteNet", "a backward of its own"),
+                      ("NoGradNet", "eager torch gives `gain` no gradient")):
+        path = tmp_path / f"{cls}.tvp"
+        path.write_text(PLAN.format(cls=cls).replace("models.py", "own.py"), encoding="utf-8")
+        verdict = check_file(path, allow_model_outside_root=True)
+        assert verdict.verdict == "error" and says in verdict.reason, verdict.reason

@@ -133,8 +133,14 @@ def check_reference(want: Mapping[str, np.ndarray], model: torch.nn.Module,
     eager = torch_step(model, values, data, opt, points)
     missing = sorted(set(eager) ^ set(want))
     if missing:
+        ungraded = [m[len("grad("):-1] for m in missing
+                    if m.startswith("grad(") and m in want and m not in eager]
+        hint = (f": eager torch gives {', '.join(f'`{n}`' for n in ungraded[:3])} no "
+                "gradient (a parameter read only under `torch.no_grad()`), and the checked "
+                "step gives every parameter one; a constant is a buffer "
+                "(`register_buffer`)") if ungraded else ""
         raise ReferenceDisagrees(f"the reference IR and eager torch do not produce the same "
-                                 f"outputs: {', '.join(missing[:5])}")
+                                 f"outputs: {', '.join(missing[:5])}{hint}")
     magnitude = max((float(np.max(np.abs(v))) for k, v in eager.items()
                      if np.size(v) and not k.startswith(POINT)), default=1.0)
     for name, expected in eager.items():
@@ -149,8 +155,24 @@ def check_reference(want: Mapping[str, np.ndarray], model: torch.nn.Module,
         scale = max(own, floor * magnitude, 1e-300)
         error = float(np.max(np.abs(got - expected))) / scale if expected.size else 0.0
         if not error < tolerance:
+            own_backward = name.startswith("grad(") and _loss_agrees(want, eager, tolerance)
             raise ReferenceDisagrees(
                 f"the reference step's IR differs from eager torch on `{name}` (relative error "
                 f"{error:.3g}): the simulation's trusted base is wrong here, so no verdict "
-                "is given; please report it")
+                "is given; " + (
+                    "the loss agrees and a gradient does not: if the model defines a backward "
+                    "of its own (a `torch.autograd.Function` whose backward is not its "
+                    "forward's derivative, a tensor hook), that is not supported (the "
+                    "checked step differentiates the forward); otherwise please report it"
+                    if own_backward else "please report it"))
     return len(eager)
+
+
+def _loss_agrees(want: Mapping[str, np.ndarray], eager: Mapping[str, np.ndarray],
+                 tolerance: float) -> bool:
+    if "loss" not in want or "loss" not in eager:
+        return False
+    got, expected = np.asarray(want["loss"], np.float64), np.asarray(eager["loss"], np.float64)
+    scale = max(float(np.max(np.abs(expected))) if expected.size else 0.0, 1e-300)
+    return got.shape == expected.shape and float(np.max(np.abs(got - expected))) / scale < \
+        tolerance

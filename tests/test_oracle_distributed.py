@@ -383,3 +383,26 @@ def test_a_refusal_names_the_statement_it_refuses(tmp_path: Path) -> None:
                     + "\n", encoding="utf-8")
     with pytest.raises(OracleError, match=rf"^{re.escape(str(path))}:{at + 1}:1: per-rank"):
         run_distributed(path)
+
+
+def test_a_plan_that_cannot_be_lowered_is_reported_at_its_statement(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The lowering's findings are diagnostics with file:line:col, in text and in JSON (the
+    message alone named no line, while `tvp lint --spec` located the same error)."""
+    import json
+
+    from trainverify_dsl.cli.main import main
+
+    text = (ROOT / "plans" / "mlp_tiny_dp.tvp").read_text(encoding="utf-8").replace(
+        '"stdlib/', f'"{ROOT}/stdlib/')
+    path = tmp_path / "wrong.tvp"  # a weight split over the data axis: the input is too
+    path.write_text(text + "split fc1.weight [dp, -]\n", encoding="utf-8")
+    assert main(["run-distributed", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert re.search(rf"{re.escape(str(path))}:\d+:\d+: error: .*\[TVP4\d\d\]", out), out
+    assert "cannot be lowered" in out
+    assert main(["run-distributed", str(path), "--format", "json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["verdict"] == "errors" and document["findings"], document
+    assert all(f["span"]["file"] == str(path) and f["span"]["line"] >= 1
+               for f in document["findings"]), document["findings"]

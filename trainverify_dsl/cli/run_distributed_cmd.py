@@ -103,10 +103,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = run_distributed(args.plan, seed=args.seed, timeout=args.timeout,
                                  allow_model_outside_root=args.allow_model_outside_root)
-    except LoweringError as error:
+    except LoweringError as error:  # located at the plan's statements, as tvp lint --spec
+        from trainverify_dsl.cli.lint_cmd import render_diagnostics
+        from trainverify_dsl.lower.diagnose import to_diagnostic
+        from trainverify_dsl.report.span import Span
+
+        fallback = Span(str(args.plan), 1, 1, 1, 1)
+        found = [to_diagnostic(f, fallback) for f in error.findings]
         if as_json:
-            emit(_document(args.plan, "errors", f"cannot be lowered: {error}"))
+            emit(_document(args.plan, "errors", f"cannot be lowered: {error}", findings=found))
         else:
+            files = sorted({d.span.file for d in found if d.span is not None}) or [args.plan]
+            sys.stdout.write(render_diagnostics(found, files, "text"))
             print(f"{args.plan}: cannot be lowered: {error}")
         return EXIT_DIFFERS
     except SpecError as error:  # the spec line or the model: located, like tvp simulate's

@@ -104,3 +104,19 @@ def test_a_symlink_loop_is_a_diagnostic_not_a_traceback(
         assert main(["lint", "--format", fmt, str(loop)]) == 1
         out = capsys.readouterr().out
         assert "TVP109" in out and "Traceback" not in out
+
+
+def test_an_unexpected_error_of_a_command_is_an_internal_error_exit_2(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bug that reaches `main` (an outside user saw `tvp run-distributed` print a raw
+    traceback and exit 1, which reads as "differs") is one line on stderr and exit 2."""
+    from trainverify_dsl.cli import run_distributed_cmd
+
+    def broken(args: object) -> int:
+        raise AttributeError("'tuple' object has no attribute 'numerator'")
+
+    monkeypatch.setattr(run_distributed_cmd, "run", broken)
+    assert main(["run-distributed", "plans/mlp_tiny_dp.tvp"]) == 2
+    captured = capsys.readouterr()
+    assert "tvp run-distributed: internal error: AttributeError:" in captured.err
+    assert "please report it" in captured.err and "Traceback" not in captured.err

@@ -15,6 +15,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 #: subcommand -> (module under trainverify_dsl.cli, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -100,6 +101,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # and no traceback when Python flushes stdout at exit
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_USAGE
+    except Exception as error:  # noqa: BLE001 - a bug of ours: exit 2, never a traceback
+        # (each command reports the errors it expects itself; what reaches here is not one
+        # of them, and exit 1 would read as "the plan is wrong")
+        import traceback
+
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        where = f"{Path(frame.filename).name}:{frame.lineno}"
+        print(f"tvp {args.command}: internal error: {type(error).__name__}: {error} (at "
+              f"{where}; please report it)", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -131,6 +131,20 @@ def test_a_digit_led_word_where_a_word_is_legal_is_not_a_glued_number():
     assert codes_of("microbatches 4 schedule 1f1b x\n") == ["TVP101"]
 
 
+@pytest.mark.parametrize("line, written, suggestion", [
+    ("spec-all-reduce grad(params) over dp", "spec-all-reduce", "all-reduce"),
+    ("all-reduce-grad(params) over dp", "all-reduce-grad", "all-reduce"),
+    ("loss-scale-1", "loss-scale-1", "loss-scale"),
+])
+def test_an_unknown_statement_is_named_as_written(line, written, suggestion):
+    """The lexer cuts a keyword off the front of `spec-all-reduce`: the message said
+    "unknown statement 'spec' ... did you mean 'spec'?"."""
+    (diagnostic,) = parse_source(f"plan p\n{line}\n").diagnostics
+    assert diagnostic.code.id == "TVP107"
+    assert f"unknown statement {written!r}" in diagnostic.message
+    assert f"did you mean '{suggestion}'?" in diagnostic.message
+
+
 # ---------------------------------------------------------------- recovery
 
 

@@ -15,6 +15,7 @@ words (``'['``, "a mesh axis name", "the end of the line"), never Lark terminal 
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -323,7 +324,7 @@ def _token_problem(error: UnexpectedToken, text: str, builder: AstBuilder) -> Sy
     if glued is not None:
         return SyntaxProblem(glued, line)
     if "_SPLIT" in expected:
-        return SyntaxProblem(_unknown_statement(token, builder), line)
+        return SyntaxProblem(_unknown_statement(token, builder, text), line)
     example = match_example(error)
     if example is not None:
         message = f"{example.message}, got {describe_token(token)}"
@@ -378,11 +379,17 @@ def _generic_token_diagnostic(token: Token, expected: set[str],
     return _token_diagnostic(codes.UNEXPECTED_TOKEN, message, token, builder)
 
 
-def _unknown_statement(token: Token, builder: AstBuilder) -> Diagnostic:
+def _unknown_statement(token: Token, builder: AstBuilder, text: str = "") -> Diagnostic:
     word = str(token)
-    message = f"unknown statement {describe_token(token)}: expected a statement keyword"
-    close = difflib.get_close_matches(word.lower(), STATEMENT_KEYWORDS, n=1, cutoff=0.6)
-    if close and word:
+    start = token.start_pos if isinstance(token.start_pos, int) else None
+    # the word as written (`spec-all-reduce`, `all-reduce-grad(params)`): the lexer may have
+    # cut a keyword off its front, and suggesting that keyword back would say nothing
+    written = re.match(r"[^\s(\[]+", text[start:]).group(0) \
+        if start is not None and re.match(r"[^\s(\[]+", text[start:]) else word
+    shown = quote(written) if written != word else describe_token(token)
+    message = f"unknown statement {shown}: expected a statement keyword"
+    close = difflib.get_close_matches(written.lower(), STATEMENT_KEYWORDS, n=1, cutoff=0.6)
+    if close and written and close[0] != written:
         message += f"; did you mean '{close[0]}'?"
     return _token_diagnostic(codes.UNKNOWN_STATEMENT, message, token, builder)
 

@@ -101,6 +101,20 @@ def test_anything_else_is_read_as_a_plain_difference_at_its_largest_element():
     assert reading.ranks == (("rank 0 (dp=0)", 13.0),)
 
 
+def test_a_difference_from_a_zero_spec_value_is_read_in_absolute_terms():
+    """A gradient that is zero everywhere in the spec (an expert no token reached) has no
+    largest entry to be relative to: the reading said "largest difference 1.51e+297 of the
+    spec's largest entry"; it says the spec is zero and the difference is absolute."""
+    wrong = np.zeros((4, 2))
+    wrong[1, 0] = 0.25
+    zero = np.zeros((4, 2))
+    pair = _pair((("dp", 2),), TLayout.replicated((4, 2)), {0: wrong, 1: zero}, zero)
+    reading = read(pair, _first(pair))
+    assert reading is not None, pair.mismatches
+    assert "which is zero everywhere (largest difference 0.25, absolute)" in reading.text
+    assert reading.index == (1, 0)
+
+
 def test_a_structural_finding_has_no_reading():
     program = ParallelProgram(
         "synthetic", (("dp", 2),), None, 1, "gpipe", Fraction(1), (), (), (), None,

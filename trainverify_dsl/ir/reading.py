@@ -127,6 +127,9 @@ def read(pair: Pair, mismatch: Mismatch) -> Reading | None:
         if other is not None:
             text = (f"{who} holds the piece that belongs to {_who(pair, other)}: blocks in "
                     "another order, or a value sent to the wrong place")
+    if text is None and not np.any(want):  # no largest entry to be relative to
+        text = f"{who} differs from the spec's value, which is zero everywhere (largest " \
+               f"difference {float(np.max(diff)):.3g}, absolute)"
     if text is None:
         rel = float(np.max(diff)) / scale
         text = f"{who} differs from the spec's value (largest difference {rel:.3g} of the " \

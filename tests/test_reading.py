@@ -115,6 +115,19 @@ def test_a_difference_from_a_zero_spec_value_is_read_in_absolute_terms():
     assert reading.index == (1, 0)
 
 
+def test_a_factor_of_the_microbatch_count_is_named_as_the_count():
+    """It read "divided by the size of its microbatch (2)"."""
+    from dataclasses import replace
+
+    program = _pair((("dp", 2),), TLayout.replicated((4, 2)), {0: WANT, 1: WANT}, WANT).program
+    got = ParallelOutcome(grads={0: {"w": WANT / 4}, 1: {"w": WANT}})
+    pair = run_checks(Pair(replace(program, microbatches=4), {"grad(w)": WANT}, {}, got,
+                           Recipe(False), Float64(1e-12)))
+    reading = read(pair, _first(pair))
+    assert reading is not None
+    assert "divided by the number of microbatches (4) once too often" in reading.text
+
+
 def test_a_structural_finding_has_no_reading():
     program = ParallelProgram(
         "synthetic", (("dp", 2),), None, 1, "gpipe", Fraction(1), (), (), (), None,

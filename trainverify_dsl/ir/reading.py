@@ -174,13 +174,14 @@ def _factor(pair: Pair, got: np.ndarray, want: np.ndarray, who: str, close: Any)
         # one number is always some multiple of another: only a simple ratio reads as one
         return f"{who} holds the spec's value times {k:.6g}" if got.size > 1 else None
     text = f"{who} holds {_fraction(ratio)} times the spec's value"
-    counts = [(f"rank of its {', '.join(axes)} group", pair.mesh.group_size(axes))
-              for axes in _axis_sets(pair)]
+    # (once per what, divided by what)
+    counts = [((f"rank of its {', '.join(axes)} group", f"the size of its {', '.join(axes)} "
+                "group"), pair.mesh.group_size(axes)) for axes in _axis_sets(pair)]
     if pair.program.microbatches > 1:
-        counts.append(("microbatch", pair.program.microbatches))
-    over = [f"once per {what} (size {n})" for what, n in counts if ratio == n]
-    under = [f"by the size of its {what.removeprefix('rank of its ')} ({n})"
-             for what, n in counts if ratio == Fraction(1, n)]
+        counts.append((("microbatch", "the number of microbatches"),
+                       pair.program.microbatches))
+    over = [f"once per {per} (size {n})" for (per, _), n in counts if ratio == n]
+    under = [f"by {size} ({n})" for (_, size), n in counts if ratio == Fraction(1, n)]
     if over:
         return f"{text}: counted {' or '.join(over)}: summed where an average was meant, " \
                "reduced twice, or a loss not divided by that count"

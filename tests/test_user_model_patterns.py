@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -381,10 +382,13 @@ def test_yes_no_words_of_the_spec_line_reach_a_keyword_model_as_booleans(tmp_pat
     assert "write `tie true` or `tie false`, not 'maybe'" in found.message
 
     class Net:
-        def __init__(self, tie: bool, width: int, scale: float, name: str = "") -> None: ...
+        def __init__(self, tie: bool, width: int, scale: float, name: str = "",
+                     gate: bool | None = None,
+                     depth: Optional[int] = None) -> None: ...  # noqa: UP045 (a user's style)
 
-    assert keyword_settings(Net, {"tie": "true", "width": 8.0, "scale": 1, "name": "false"}) \
-        == {"tie": True, "width": 8, "scale": 1.0, "name": "false"}
+    assert keyword_settings(Net, {"tie": "true", "width": 8.0, "scale": 1, "name": "false",
+                                  "gate": "false", "depth": 3.0}) == \
+        {"tie": True, "width": 8, "scale": 1.0, "name": "false", "gate": False, "depth": 3}
     for bad in ({"width": 1.5}, {"scale": "x"}, {"tie": 1}):
         with pytest.raises(ValueError):
             keyword_settings(Net, bad)

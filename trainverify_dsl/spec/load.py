@@ -252,7 +252,10 @@ def keyword_settings(cls: Any, settings: dict[str, Any]) -> dict[str, Any]:
         parameter = parameters.get(key)
         kind = parameter.annotation if parameter is not None else inspect.Parameter.empty
         name = "" if kind is inspect.Parameter.empty else \
-            str(getattr(kind, "__name__", kind)).replace(" ", "").removesuffix("|None")
+            (kind.__name__ if isinstance(kind, type) else str(kind)).replace(
+                " ", "").removesuffix("|None")
+        if name.startswith(("Optional[", "typing.Optional[")) and name.endswith("]"):
+            name = name[name.index("[") + 1:-1]
         is_number = isinstance(value, int | float) and not isinstance(value, bool)
         if value in ("true", "false") and name in ("", "bool"):
             value = value == "true"

@@ -541,3 +541,36 @@ def test_a_backward_of_the_models_own_and_a_no_grad_parameter_are_explained(
         path.write_text(PLAN.format(cls=cls).replace("models.py", "own.py"), encoding="utf-8")
         verdict = check_file(path, allow_model_outside_root=True)
         assert verdict.verdict == "error" and says in verdict.reason, verdict.reason
+
+
+def test_a_classifiers_labels_are_drawn_in_range_of_its_classes(tmp_path: Path) -> None:
+    """Three classes beside an embedding of 13 rows: cross-entropy's labels reach the logits'
+    gather through `where(target != ignore_index, target, 0)`, which the range analysis did
+    not follow, so they were drawn up to 13 and every command ended in an internal
+    IndexError. Drawn below 3 now: under `token-mean` the plan is verified."""
+    (tmp_path / "cls.py").write_text(textwrap.dedent('''\
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+
+        class Classifier(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(13, 8)
+                self.fc = nn.Linear(8, 3)
+
+            def input_specs(self, batch, seq):
+                return {"ids": ((batch, seq), torch.int64), "label": ((batch,), torch.int64)}
+
+            def forward(self, ids, label):
+                return F.cross_entropy(self.fc(self.emb(ids).mean(1)), label)
+        '''), encoding="utf-8")
+    path = tmp_path / "cls.tvp"
+    path.write_text('plan p\nspec "cls.py:Classifier" batch 8 seq 4\n'
+                    "spec-optimizer sgd lr=0.1\nmesh rows=2\nloss-reduction token-mean\n"
+                    "split ids [rows, -]\nsplit label [rows]\n"
+                    "all-reduce grad(params) over rows op=sum\noptimizer sgd lr=0.1\n",
+                    encoding="utf-8")
+    verdict = check_file(path, allow_model_outside_root=True)
+    assert verdict.verdict == "verified", verdict.reason

@@ -175,7 +175,9 @@ def input_ranges(program: Program, default: int) -> dict[str, int]:
     """Every integer data input's drawn range ``[0, high)``: the fewest rows of any table it
     indexes in the step (``embedding``, ``gather``, ``index_select``, through reshapes), else
     ``default`` (the first embedding's vocabulary). A ``position_ids`` input indexing a
-    position table of 8 rows was drawn up to the vocabulary (an internal IndexError)."""
+    position table of 8 rows was drawn up to the vocabulary (an internal IndexError), and so
+    were a classifier's labels (3 classes beside an embedding of 13 rows) behind
+    cross-entropy's ``where`` of the ignored index."""
     data = {g.name for g in program.inputs if g.kind == "data" and g.type.dtype in INT_DTYPES}
     found = dict.fromkeys(data, default)
     seen: dict[str, int] = {}
@@ -188,6 +190,10 @@ def input_ranges(program: Program, default: int) -> dict[str, int]:
             value = len(graph.inputs) + k
             if _carries(node) and node.inputs[0] in of:
                 of[value] = of[node.inputs[0]]
+            elif node.op == "where" and len(node.inputs) == 3 and node.inputs[1] in of:
+                # cross-entropy's `where(target != ignore_index, target, 0)` before its
+                # gather: the classes index the logits, not the embedding's vocabulary
+                of[value] = of[node.inputs[1]]
             elif node.op in ("embedding", "gather", "index_select") and \
                     len(node.inputs) == 2 and node.inputs[1] in of:
                 source = shapes[node.inputs[0]]

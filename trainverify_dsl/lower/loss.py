@@ -139,11 +139,7 @@ def find_root(loss: Any) -> Root | None:
         return Root(node, node.args[0], count, guards=guards)
     if name in ("aten.mean", "aten.sum") and isinstance(node.args[0], torch.fx.Node):
         x = node.args[0]
-        rank = x.meta["val"].dim()
-        dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-        if dims is None or dims == [] or \
-                {d % rank for d in (dims if isinstance(dims, (list, tuple)) else [dims])} \
-                == set(range(rank)):
+        if _reduced_dims(node) == set(range(x.meta["val"].dim())):
             averaged = _mean_dims(x) if name == "aten.sum" else None
             if averaged is not None:
                 return Root(node, x, None, summed=True, mean_dims=averaged,
@@ -152,19 +148,23 @@ def find_root(loss: Any) -> Root | None:
     return None
 
 
+def _reduced_dims(node: torch.fx.Node) -> frozenset[int]:
+    """The dimensions a ``mean`` or ``sum`` node reduces (every one when it names none)."""
+    rank = node.args[0].meta["val"].dim()
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if dims is None or dims == []:
+        return frozenset(range(rank))
+    return frozenset(d % rank for d in (dims if isinstance(dims, (list, tuple)) else [dims]))
+
+
 def _mean_dims(x: torch.fx.Node) -> tuple[int, ...] | None:
     """The dimensions ``x`` averages, when it is a ``mean`` over some (not all) dimensions of
     a tensor that only the loss's sum reads; else ``None``."""
     if x.op != "call_function" or packet_name(x.target) != "aten.mean" or \
             len(_readers(x)) != 1 or not isinstance(x.args[0], torch.fx.Node):
         return None
-    rank = x.args[0].meta["val"].dim()
-    dims = x.args[1] if len(x.args) > 1 else x.kwargs.get("dim")
-    if dims is None or dims == [] or rank == 0:
-        return None
-    found = tuple(sorted({d % rank for d in (dims if isinstance(dims, (list, tuple))
-                                             else [dims])}))
-    return found if len(found) < rank else None
+    found = _reduced_dims(x)
+    return tuple(sorted(found)) if len(found) < x.args[0].meta["val"].dim() else None
 
 
 def find_roots(loss: Any, reads_data: Callable[[torch.fx.Node], bool] = lambda n: True

@@ -261,21 +261,20 @@ def _lineages(lowered: Lowered) -> tuple[Lineage, ...]:
     rule finds every way it could leave the derived lineage, TVP406), so a difference there
     was already in the algorithm's value (Rule 7.2: heads split over tp, the context-parallel
     attention's output is all-reduced at the point)."""
-    computed_by = {f"{path}.out": alg.origin for alg, paths in lowered.binding.algorithms
-                   for path in paths if path != "loss"}
-    # an algorithm's input, where no statement stands: the algorithm, which reads it
-    read_by = {path: alg.origin for alg, paths in lowered.binding.algorithms
-               for path in paths if path != "loss"}
+    algorithm_of = {path: alg.origin for alg, paths in lowered.binding.algorithms
+                    for path in paths if path != "loss"}
     named = lowered.binding.marked_modules()  # not the boundaries only the checker marked
     out = []
     for point, lay in lowered.lineages.items():
         if point != "loss" and module_of(point) not in named:
             continue
         statements = lowered.binding.collectives_at(point)
-        origin = source_of(computed_by[point]) if point in computed_by else \
+        algorithm = algorithm_of.get(module_of(point))
+        computed = algorithm is not None and point.endswith(".out")
+        # (at an algorithm's input, where no statement stands: the algorithm, which reads it)
+        origin = source_of(algorithm) if computed else \
             source_of(statements[-1].origin) if statements else \
-            source_of(read_by[module_of(point)]) if module_of(point) in read_by and \
-            not point.endswith(".out") else Source(None)
+            source_of(algorithm) if algorithm is not None else Source(None)
         out.append(Lineage(point, lay, origin))
     return tuple(out)
 

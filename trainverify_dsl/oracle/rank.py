@@ -229,8 +229,7 @@ class RankStep:
             if m is not None and isinstance(time, int) and m >= time:
                 continue
             kind = GRAD_KINDS.get(statement.kind)
-            span = statement.origin.report_span
-            where = f"{span.file}:{span.line}:{span.col}"
+            where = str(statement.origin.report_span)  # file:line:col
             if kind is None:
                 raise OracleError(f"{where}: gradient statement `{statement.kind}` is not run "
                                   "by the oracle")

@@ -106,10 +106,10 @@ class OracleResult:
 
 
 def _at(origin: Any, path: Path) -> str:
-    """``file:line:col`` of a plan statement (an origin's report span, or a span), else the
-    plan file's 1:1."""
+    """``file:line:col`` of a plan statement (an origin's report span, or a span: ``Span``
+    prints so), else the plan file's 1:1."""
     span = getattr(origin, "report_span", origin)
-    return f"{span.file}:{span.line}:{span.col}" if hasattr(span, "line") else f"{path}:1:1"
+    return str(span) if span is not None else f"{path}:1:1"
 
 
 def _prepare(path: Path, folder: Path, seed: int, timeout: float,

@@ -381,11 +381,11 @@ def _generic_token_diagnostic(token: Token, expected: set[str],
 
 def _unknown_statement(token: Token, builder: AstBuilder, text: str = "") -> Diagnostic:
     word = str(token)
-    start = token.start_pos if isinstance(token.start_pos, int) else None
     # the word as written (`spec-all-reduce`, `all-reduce-grad(params)`): the lexer may have
     # cut a keyword off its front, and suggesting that keyword back would say nothing
-    written = re.match(r"[^\s(\[]+", text[start:]).group(0) \
-        if start is not None and re.match(r"[^\s(\[]+", text[start:]) else word
+    start = token.start_pos if isinstance(token.start_pos, int) else None
+    match = re.match(r"[^\s(\[]+", text[start:]) if start is not None else None
+    written = match.group(0) if match else word
     shown = quote(written) if written != word else describe_token(token)
     message = f"unknown statement {shown}: expected a statement keyword"
     close = difflib.get_close_matches(written.lower(), STATEMENT_KEYWORDS, n=1, cutoff=0.6)

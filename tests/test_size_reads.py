@@ -63,6 +63,21 @@ MODELS = textwrap.dedent('''\
             return ((h - y) ** 2).mean()
 
 
+    class SequenceMajor(Net):
+        def forward(self, x, y):  # nn.MultiheadAttention's rows: sequence outer, batch inner
+            b, s, d = x.shape
+            h = self.fc(x.transpose(0, 1).reshape(s * b, d)).view(s, b, d).transpose(0, 1)
+            return ((h - y) ** 2).mean()
+
+
+    class BatchMajorRegrouped(Net):
+        def forward(self, x, y):  # batch-major rows cut into `s` groups: a rank's differ
+            b, s, d = x.shape
+            h = self.fc(x.reshape(b * s, d)).view(s, b, d)  # LINE regrouped
+            h = h - h.mean(1, keepdim=True)
+            return ((h.reshape(b, s, d) - y) ** 2).mean()
+
+
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
@@ -181,6 +196,23 @@ def test_a_view_fixing_the_number_of_row_groups_is_an_error_at_the_model_line(
     fixed_size = plan(tmp_path, "GroupsOfTwo", DP_AVG)
     assert layout_diagnostics(fixed_size, allow_model_outside_root=True) == []
     assert check_file(fixed_size, allow_model_outside_root=True).verdict == "verified"
+
+
+def test_a_view_splitting_off_a_merged_fixed_factor_is_not_a_count_of_row_groups(
+        tmp_path: Path) -> None:
+    """torch's `nn.MultiheadAttention` (and `TransformerEncoderLayer`) merges its rows
+    sequence-major (`[s*b, d]`) and views them back as `[s, b, d]`: the `s` outer groups do
+    not grow with the batch, but they are the sequence, not groups of the batch's rows, and
+    a rank's view of its own rows is its piece of the spec's. It was TVP313 on every data
+    parallel plan. The same view of batch-major rows (`[b*s, d]` as `[s, b, d]`) regroups
+    rows across sequences and stays an error."""
+    sequence_major = plan(tmp_path, "SequenceMajor", DP_AVG)
+    assert layout_diagnostics(sequence_major, allow_model_outside_root=True) == []
+    assert check_file(sequence_major, allow_model_outside_root=True).verdict == "verified"
+    regrouped = plan(tmp_path, "BatchMajorRegrouped", DP_AVG)
+    [error] = [d for d in layout_diagnostics(regrouped, allow_model_outside_root=True)
+               if d.code.id == "TVP313"]
+    assert error.span.line == line_of("regrouped") and "into 2 groups" in error.message
 
 
 @pytest.mark.parametrize("model,config", [

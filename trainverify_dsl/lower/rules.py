@@ -419,12 +419,29 @@ def _mm(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -
     return Result(result, args, kwargs)
 
 
+def _batch_fitted(ctx: RuleCtx, args: tuple[Any, ...], a: TLayout, b: TLayout
+                  ) -> tuple[tuple[Any, ...], TLayout, TLayout]:
+    """The operands of a batched product whose batch dimensions are split differently:
+    one that is a broadcast along the batch (``linear`` on a 3-d input that is not
+    contiguous expands its weight to the batch) or a constant table, and unsplit there,
+    is cut to its partner's split, as an elementwise op cuts it (``_conform``)."""
+    for i, (mine, other) in enumerate(((a, b), (b, a))):
+        dim = mine.dims[0]
+        if (mine.const or _broadcast_dim(dim)) and not any(f.axes for f in dim):
+            fitted = TLayout((other.dims[0],) + mine.dims[1:], mine.partial, mine.const,
+                             mine.cause)
+            new = list(args)
+            new[i] = ctx.adapt(args[i], mine, fitted)
+            return (tuple(new),) + ((fitted, b) if i == 0 else (a, fitted))
+    raise LayoutError(f"batched product of operands split differently on the batch "
+                      f"dimension: {a.describe()} and {b.describe()}")
+
+
 @rule("aten.bmm")
 def _bmm(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Result:
     a, b = ctx.layout(args[0]), ctx.layout(args[1])
     if not same_dim(a.dims[0], b.dims[0]):
-        raise LayoutError(f"batched product of operands split differently on the batch "
-                          f"dimension: {a.describe()} and {b.describe()}")
+        args, a, b = _batch_fitted(ctx, args, a, b)
     partial, cause = _contract(ctx, a, b, 2, 1, "batched matrix product")
     result = TLayout((a.dims[0], a.dims[1], b.dims[2])).with_partial(
         partial, cause or ctx.current_cause)
@@ -471,22 +488,33 @@ for _name in REDUCE_KIND:
     RULES[_name] = _reduction(_name)
 
 
-@rule("aten.var_mean", "aten.var")
-def _variance(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Result:
-    """Variance (and mean) over dimensions that must be whole on every rank."""
-    lay = ctx.layout(args[0])
-    given = args[1] if len(args) > 1 else kwargs.get("dim")
-    reduced = set(range(lay.rank)) if not given else {
-        _ndim(d, lay.rank) for d in (given if isinstance(given, (list, tuple)) else [given])}
-    keep = bool(kwargs.get("keepdim", args[3] if len(args) > 3 else False))
-    for d in reduced:
-        _require_unsplit(lay, d, "variance")
-    if lay.partial:
-        ctx.finding(codes_lower.PARTIAL_NONLINEAR, "variance of a partial sum", lay)
-    dims = tuple(((Factor(1),) if d in reduced else dim) for d, dim in enumerate(lay.dims)
-                 if keep or d not in reduced)
-    result = TLayout(dims, None, lay.const)
-    return Result((result, result) if isinstance(out, (tuple, list)) else result, args, kwargs)
+def _whole_reduction(what: str, keep_at: int) -> Rule:
+    """A reduction over dimensions that must be whole on every rank (``what`` names it in
+    the message); ``keepdim`` is positional argument ``keep_at``. The other dimensions keep
+    their layout; a partial operand is a finding (the reduction is not linear)."""
+    def run(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Result:
+        lay = ctx.layout(args[0])
+        given = args[1] if len(args) > 1 else kwargs.get("dim")
+        reduced = set(range(lay.rank)) if given is None or given == [] else {
+            _ndim(d, lay.rank) for d in (given if isinstance(given, (list, tuple)) else [given])}
+        keep = bool(kwargs.get("keepdim", args[keep_at] if len(args) > keep_at else False))
+        for d in reduced:
+            _require_unsplit(lay, d, what)
+        if lay.partial:
+            ctx.finding(codes_lower.PARTIAL_NONLINEAR, f"{what} of a partial sum", lay)
+        dims = tuple(((Factor(1),) if d in reduced else dim) for d, dim in enumerate(lay.dims)
+                     if keep or d not in reduced)
+        result = TLayout(dims, None, lay.const)
+        return Result((result, result) if isinstance(out, (tuple, list)) else result,
+                      args, kwargs)
+    return run
+
+
+#: variance (and mean) over dimensions whole on every rank
+RULES["aten.var_mean"] = RULES["aten.var"] = _whole_reduction("variance", 3)
+#: ``any(x, dim, keepdim)``: a logical or (the safe softmax of SDPA's math path tests
+#: whether a row of scores is all ``-inf``) over dimensions whole on every rank
+RULES["aten.any"] = _whole_reduction("logical or", 2)
 
 
 # -- ops along one dimension (softmax, top-k, gather...) -------------------------------------

@@ -191,8 +191,75 @@ def _fixed_outer(small: Any, large: Any) -> int | None:
         while k < len(so) and so[k] == 1 and lo[k] == 1:
             k += 1
         if at == before and k < len(so) and so[k] == lo[k] > 1:
+            if so[k] in _fixed_leads(_factors(small.args[0], large.args[0], i)):
+                return None  # it splits off the fixed outer factor of a merged dimension
             return so[k]
     return None
+
+
+#: ops whose output dimension ``d`` is their first tensor argument's dimension ``d``
+_SAME_DIMS = frozenset({"clone", "contiguous", "_to_copy", "alias", "detach", "to",
+                        "dropout", "add", "sub", "mul", "div", "neg", "relu", "gelu",
+                        "silu", "sigmoid", "tanh"})
+
+
+def _factors(small: Any, large: Any, d: int, depth: int = 16) -> list[tuple[int, int]]:
+    """Dimension ``d`` of a node as the factors it was merged from, outermost first, each
+    as its (size at the plan's sizes, size when they grow): ``x.transpose(0, 1)`` of a
+    ``[b, s, h]`` reshaped to ``[s*b, h]`` has a fixed outer factor ``s`` and a growing
+    inner one ``b``. Followed back through reshapes that merge dimensions, permutations,
+    linear layers and elementwise ops; any other producer is one factor."""
+    own = _shape(small), _shape(large)
+    if own[0] is None or own[1] is None:
+        return []
+    whole = [(own[0][d], own[1][d])]
+    if depth == 0 or not isinstance(small, torch.fx.Node) or small.op != "call_function":
+        return whole
+    op, args = _packet(small.target), small.args
+    source = args[0] if args else None
+    if not isinstance(source, torch.fx.Node):
+        return whole
+    twin = large.args[0]
+    si, li = _shape(source), _shape(twin)
+    if si is None or li is None:
+        return whole
+    if op in VIEWS:
+        before = math.prod(own[0][:d])
+        at, j = 1, 0
+        while j < len(si) and at < before:  # the input dimension where output d starts
+            at *= si[j]
+            j += 1
+        if at != before:
+            return whole
+        merged, size = [], 1
+        while j < len(si) and size < own[0][d]:
+            merged += _factors(source, twin, j, depth - 1)
+            size *= si[j]
+            j += 1
+        return merged if size == own[0][d] and merged else whole
+    if op == "permute":
+        return _factors(source, twin, int(args[1][d]) % len(si), depth - 1)
+    if op == "transpose":
+        a, b = (int(x) % len(si) for x in args[1:3])
+        return _factors(source, twin, b if d == a else a if d == b else d, depth - 1)
+    if (op == "linear" and d < len(si) - 1) or (op == "mm" and d == 0) or \
+            (op in _SAME_DIMS and si == own[0]):
+        return _factors(source, twin, d, depth - 1)
+    if op == "addmm" and d == 0 and isinstance(args[1], torch.fx.Node):
+        return _factors(args[1], large.args[1], 0, depth - 1)
+    return whole
+
+
+def _fixed_leads(factors: list[tuple[int, int]]) -> set[int]:
+    """The sizes the leading factors that do not grow multiply to (``{s}`` for ``[s, b]``
+    with ``b`` growing; nothing when the outermost factor grows)."""
+    leads, size = set(), 1
+    for small, large in factors:
+        if small != large:
+            break
+        size *= small
+        leads.add(size)
+    return leads
 
 
 def _shape(node: Any) -> tuple[int, ...] | None:

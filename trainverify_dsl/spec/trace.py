@@ -169,6 +169,9 @@ def _decomposition_table() -> dict[Any, Any]:
     # is differentiated after decomposing: `h * sigmoid(h).detach()` got the gradient
     # through the detached factor too (the reference check said the trusted base was wrong)
     table.pop(torch.ops.aten.detach.default, None)
+    from trainverify_dsl.spec.decompose import DECOMPOSITIONS
+
+    table.update(DECOMPOSITIONS)
     return table
 
 

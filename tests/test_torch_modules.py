@@ -1,0 +1,167 @@
+"""torch's own building blocks in a user's model, as they come.
+
+`nn.MultiheadAttention` and `nn.TransformerEncoderLayer` (PyTorch's stock transformer) were
+rejected on a plain data-parallel plan, three ways:
+
+- their attention runs SDPA's math path, whose safe softmax tests each row of scores with
+  `aten.any` over the keys: no layout rule (TVP403);
+- `nn.Linear` applied to a transposed (not contiguous) 3-d input is an `expand` of the
+  weight to the batch and a `bmm`: the batched product refused a batch dimension split on
+  one operand and broadcast on the other (TVP403);
+- the attention's rows are merged sequence-major (`[s*b, d]`) and viewed back as
+  `[s, b, d]`, which the size analysis took for a fixed number of groups of the batch's rows
+  (TVP313).
+
+Convolutions (`nn.Conv1d`, `nn.Conv2d`) had no IR op at all (TVP403 at the plan's first
+statement). They are now decomposed, for both programs, into windows and a batched matrix
+product (`spec/decompose.py`); the decomposition is compared with torch's convolution here,
+values and gradients.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainverify_dsl.api import check_file, layout_diagnostics
+from trainverify_dsl.spec.decompose import convolution
+
+MODEL = textwrap.dedent('''\
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self, d=8, heads=2):
+            super().__init__()
+            self.d = d
+            self.mha = nn.MultiheadAttention(d, heads, dropout=0.0, batch_first=True)
+            self.enc = nn.TransformerEncoderLayer(d, heads, dim_feedforward=16, dropout=0.0,
+                                                  batch_first=True)
+            self.out = nn.Linear(d, 1)
+
+        def input_specs(self, batch, seq):
+            return {"x": ((batch, seq, self.d), torch.float32),
+                    "y": ((batch, seq, 1), torch.float32)}
+
+        def forward(self, x, y):
+            a, _ = self.mha(x, x, x, need_weights=False)
+            return ((self.out(self.enc(x + a)) - y) ** 2).mean()
+''')
+
+PLAN = textwrap.dedent('''\
+    plan stock
+    spec "net.py:Net" batch 4 seq 4
+    spec-optimizer sgd lr=0.1
+    mesh dp=2
+    split x [dp, -, -]
+    split y [dp, -, -]
+    all-reduce grad(params) over dp op=avg
+    optimizer sgd lr=0.1
+''')
+
+
+def write(tmp_path: Path, plan: str = PLAN) -> Path:
+    (tmp_path / "net.py").write_text(MODEL, encoding="utf-8")
+    path = tmp_path / "stock.tvp"
+    path.write_text(plan, encoding="utf-8")
+    return path
+
+
+def test_torchs_transformer_layers_under_data_parallelism_are_verified(tmp_path: Path
+                                                                        ) -> None:
+    path = write(tmp_path)
+    assert layout_diagnostics(path, allow_model_outside_root=True) == []
+    assert check_file(path, allow_model_outside_root=True).verdict == "verified"
+
+
+def test_summed_gradients_over_torchs_transformer_layers_are_a_counterexample(
+        tmp_path: Path) -> None:
+    path = write(tmp_path, PLAN.replace("op=avg", "op=sum"))
+    verdict = check_file(path, allow_model_outside_root=True)
+    assert verdict.verdict == "counterexample"
+    assert any(d.span.line == 7 for d in verdict.diagnostics), verdict.diagnostics
+
+
+def test_the_distributed_oracle_agrees_on_torchs_transformer_layers(tmp_path: Path) -> None:
+    from trainverify_dsl.oracle import run_distributed
+
+    result = run_distributed(str(write(tmp_path)), allow_model_outside_root=True)
+    assert result.error is None, result.error
+    assert result.compared > 0 and result.max_rel_error < 1e-10
+
+
+@pytest.mark.parametrize("shape,weight,stride,padding,dilation,groups", [
+    ((2, 3, 7), (4, 3, 3), (1,), (1,), (1,), 1),
+    ((2, 4, 9), (6, 2, 3), (2,), (2,), (2,), 2),
+    ((1, 4, 5), (4, 1, 1), (1,), (0,), (1,), 4),
+    ((2, 2, 5, 6), (3, 2, 2, 3), (1, 2), (1, 0), (1, 1), 1),
+    ((2, 4, 6, 5), (4, 2, 3, 3), (2, 1), (1, 1), (1, 2), 2),
+    ((1, 2, 3, 4, 4), (2, 2, 2, 1, 3), (1, 1, 1), (0, 1, 1), (1, 1, 1), 1),
+])
+def test_the_convolution_decomposition_is_torchs_convolution(
+        shape: tuple, weight: tuple, stride: tuple, padding: tuple, dilation: tuple,
+        groups: int) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(weight, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(weight[0], dtype=torch.float64, requires_grad=True)
+    ours = convolution(x, w, b, stride, padding, dilation, False, (0,) * len(stride), groups)
+    theirs = torch.ops.aten.convolution(x, w, b, stride, padding, dilation, False,
+                                        (0,) * len(stride), groups)
+    assert ours.shape == theirs.shape
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    cotangent = torch.randn(ours.shape, dtype=torch.float64)
+    mine = torch.autograd.grad(ours, (x, w, b), cotangent)
+    torch_s = torch.autograd.grad(theirs, (x, w, b), cotangent)
+    for a, c in zip(mine, torch_s, strict=True):
+        torch.testing.assert_close(a, c, rtol=1e-12, atol=1e-12)
+
+
+def test_a_transposed_convolution_is_left_to_aten() -> None:
+    x, w = torch.randn(1, 2, 4), torch.randn(2, 3, 3)
+    assert convolution(x, w, None, (1,), (0,), (1,), True, (0,), 1) is NotImplemented
+    assert F.conv_transpose1d(x, w).shape == (1, 3, 6)
+
+
+CONV_MODEL = textwrap.dedent('''\
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self, c=3):
+            super().__init__()
+            self.c = c
+            self.c1 = nn.Conv1d(c, 8, 3, padding=1)
+            self.c2 = nn.Conv1d(8, 8, 3, padding=2, dilation=2, groups=2, stride=2)
+            self.c3 = nn.Conv2d(1, 2, (2, 3), padding=(1, 0))
+            self.fc = nn.Linear(9, 4)
+
+        def input_specs(self, batch, seq):
+            return {"x": ((batch, self.c, seq), torch.float32),
+                    "y": ((batch, 4), torch.float32)}
+
+        def forward(self, x, y):
+            h = torch.relu(self.c1(x))
+            h = torch.tanh(self.c2(h))
+            h = self.c3(h.unsqueeze(1)).mean((1, 3))
+            return ((self.fc(h) - y) ** 2).mean()
+''')
+
+
+def test_convolutions_under_data_parallelism_are_verified_and_a_wrong_sync_is_found(
+        tmp_path: Path) -> None:
+    (tmp_path / "net.py").write_text(CONV_MODEL, encoding="utf-8")
+    path = tmp_path / "conv.tvp"
+    path.write_text(PLAN.replace("batch 4 seq 4", "batch 4 seq 6")
+                    .replace("split y [dp, -, -]", "split y [dp, -]"), encoding="utf-8")
+    assert layout_diagnostics(path, allow_model_outside_root=True) == []
+    assert check_file(path, allow_model_outside_root=True).verdict == "verified"
+    path.write_text(path.read_text(encoding="utf-8").replace("op=avg", "op=sum"),
+                    encoding="utf-8")
+    assert check_file(path, allow_model_outside_root=True).verdict == "counterexample"

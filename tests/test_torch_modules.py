@@ -165,3 +165,91 @@ def test_convolutions_under_data_parallelism_are_verified_and_a_wrong_sync_is_fo
     path.write_text(path.read_text(encoding="utf-8").replace("op=avg", "op=sum"),
                     encoding="utf-8")
     assert check_file(path, allow_model_outside_root=True).verdict == "counterexample"
+
+
+STACK_MODEL = textwrap.dedent('''\
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def input_specs(self, batch, seq):
+            return {"x": ((batch, seq, 4), torch.float32), "y": ((batch, seq, 4), torch.float32)}
+
+
+    class Stacked(Net):  # two views of every row, stacked in front and summed
+        def forward(self, x, y):
+            h = self.fc(x)
+            return ((torch.stack([h, 2 * h]).sum(0) - y) ** 2).mean()
+
+
+    class Flipped(Net):  # positions reversed (a bidirectional mix); rows reversed
+        def forward(self, x, y):
+            h = self.fc(x)
+            h = h + torch.flip(h, dims=[1])
+            return ((h - y) ** 2).mean() + (torch.flip(h, dims=[DIM]) * y).mean()
+
+
+    class Regrouped(Net):  # the joined rows read as pairs: a rank's pairs are not the spec's
+        def forward(self, x, y):
+            h = self.fc(x)
+            b, s, d = h.shape
+            g = torch.cat([h, 2 * h], 0).view(b, 2, s, d)
+            return ((g[:, 0] * g[:, 1] - y) ** 2).mean()
+''')
+
+
+def test_a_stack_of_split_rows_is_verified_and_rows_regrouped_across_ranks_are_refused(
+        tmp_path: Path) -> None:
+    """`torch.stack([h, 2 * h])` of the split batch is `cat` along the split dimension, then
+    a view: refused (TVP403, "cat along dimension 0, which is split over dp") although each
+    rank stacks its own rows. Pieces split alike join as an outer factor now; reading the
+    joined rows in another grouping is still a layout error."""
+    (tmp_path / "net.py").write_text(STACK_MODEL, encoding="utf-8")
+    stacked = tmp_path / "stacked.tvp"
+    stacked.write_text(PLAN.replace("net.py:Net", "net.py:Stacked")
+                       .replace("batch 4 seq 4", "batch 4 seq 2"), encoding="utf-8")
+    assert layout_diagnostics(stacked, allow_model_outside_root=True) == []
+    assert check_file(stacked, allow_model_outside_root=True).verdict == "verified"
+    regrouped = tmp_path / "regrouped.tvp"
+    regrouped.write_text(stacked.read_text(encoding="utf-8").replace("Stacked", "Regrouped"),
+                         encoding="utf-8")
+    assert [d.code.id for d in layout_diagnostics(regrouped, allow_model_outside_root=True)
+            ] == ["TVP403"]
+
+
+def test_a_flip_along_a_whole_dimension_is_verified_and_along_the_split_one_refused(
+        tmp_path: Path) -> None:
+    """`torch.flip` had no layout rule (TVP403 on every split plan)."""
+    base = tmp_path
+    for dim, verdict in ((1, "verified"), (0, "error")):
+        tmp_path = base / str(dim)
+        tmp_path.mkdir()
+        (tmp_path / "net.py").write_text(STACK_MODEL.replace("DIM", str(dim)), encoding="utf-8")
+        path = tmp_path / "flipped.tvp"
+        path.write_text(PLAN.replace("net.py:Net", "net.py:Flipped")
+                        .replace("batch 4 seq 4", "batch 4 seq 2"), encoding="utf-8")
+        assert check_file(path, allow_model_outside_root=True).verdict == verdict
+        if dim == 0:
+            [error] = layout_diagnostics(path, allow_model_outside_root=True)
+            assert error.code.id == "TVP403" and "flip along dimension 0" in error.message
+
+
+def test_a_model_file_edited_between_two_checks_of_one_process_is_read_again(
+        tmp_path: Path) -> None:
+    """A user model was imported once per process and path: a notebook or search loop that
+    edited the model and called `api.check` again checked the model it met first (the flip
+    moved onto the split rows above was VERIFIED in the process that had checked the right
+    one)."""
+    path = tmp_path / "flipped.tvp"
+    path.write_text(PLAN.replace("net.py:Net", "net.py:Flipped")
+                    .replace("batch 4 seq 4", "batch 4 seq 2"), encoding="utf-8")
+    model = tmp_path / "net.py"
+    model.write_text(STACK_MODEL.replace("DIM", "1"), encoding="utf-8")
+    assert check_file(path, allow_model_outside_root=True).verdict == "verified"
+    model.write_text(STACK_MODEL.replace("DIM", "0"), encoding="utf-8")
+    assert check_file(path, allow_model_outside_root=True).verdict == "error"

@@ -342,8 +342,14 @@ def _select(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
 def _cat(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Result:
     layouts = [ctx.layout(t) for t in args[0]]
     d = _ndim(args[1] if len(args) > 1 else 0, layouts[0].rank)
+    # along a split dimension, pieces split alike stack as an outer factor (``stack``
+    # along a new dimension 0 is ``cat`` along the split batch, then a view): each rank
+    # joins its own blocks, which is the block of the spec's tensor the factors describe
+    stacked = len(layouts) > 1 and any(lay.is_sharded(d) for lay in layouts) and \
+        all(same_dim(lay.dims[d], layouts[0].dims[d]) for lay in layouts)
     for lay in layouts:
-        _require_unsplit(lay, d, "cat")
+        if not stacked:
+            _require_unsplit(lay, d, "cat")
     # each other dimension takes its split from the operand that has one
     first = layouts[0]
     target = tuple(next((lay.dims[k] for lay in layouts if lay.is_sharded(k)), first.dims[k])
@@ -358,7 +364,8 @@ def _cat(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) 
     if partial and any(lay.partial != partial.partial for lay in layouts):
         ctx.finding(codes_lower.PARTIAL_NONLINEAR, "cat of partial and complete operands", partial)
     dims = list(first.dims)
-    dims[d] = (Factor(int(out.shape[d])),)
+    dims[d] = (Factor(len(layouts)),) + normalize_dim(layouts[0].dims[d]) if stacked else \
+        (Factor(int(out.shape[d])),)
     result = TLayout(tuple(dims), None, all(lay.const for lay in layouts))
     if partial:
         result = result.with_partial(partial.partial, partial.cause)
@@ -545,6 +552,33 @@ RULES["aten._log_softmax"] = _along(1)
 RULES["aten.topk"] = _along(2)
 RULES["aten.sort"] = _along(1)
 RULES["aten.cumsum"] = _along(1)
+
+
+@rule("aten.flip")
+def _flip(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Result:
+    """``flip(x, dims)``: the order reversed along dimensions whole on every rank (a rank
+    reversing its own block would hold another rank's positions); linear, so a partial
+    value stays partial."""
+    lay = ctx.layout(args[0])
+    for d in args[1] if len(args) > 1 else kwargs["dims"]:
+        _require_unsplit(lay, _ndim(d, lay.rank), "flip")
+    return Result(lay, args, kwargs)
+
+
+@rule("aten.index_select")
+def _index_select(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+                  ) -> Result:
+    """``index_select(x, dim, index)`` (``torch.roll`` is one): rows of a dimension whole on
+    every rank, by an index every rank holds whole; linear in ``x``."""
+    lay, index = ctx.layout(args[0]), ctx.layout(args[2])
+    d = _ndim(args[1], lay.rank)
+    _require_unsplit(lay, d, "index_select")
+    if index.partial or any(index.is_sharded(k) for k in range(index.rank)):
+        raise LayoutError(f"index_select by an index split as {index.describe()}: every "
+                          "rank needs the whole index")
+    dims = list(lay.dims)
+    dims[d] = (Factor(int(out.shape[d])),)
+    return Result(replace(lay, dims=tuple(dims)), args, kwargs)
 
 
 def _argmax(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Result:

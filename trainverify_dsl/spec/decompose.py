@@ -30,7 +30,7 @@ def convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if transposed or spatial < 1 or x.dim() != weight.dim():
         return NotImplemented  # ATen's own op (no converter: reported as such)
     stride, padding, dilation = (_per_dim(v, spatial) for v in (stride, padding, dilation))
-    n, channels = x.shape[0], x.shape[1]
+    n = x.shape[0]
     out_channels, group_in = weight.shape[0], weight.shape[1]
     kernel = tuple(weight.shape[2:])
     out = tuple((x.shape[2 + i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1)

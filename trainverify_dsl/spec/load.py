@@ -20,6 +20,7 @@ allocated. Every failure is a ``SpecError`` carrying a diagnostic.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -167,8 +168,15 @@ def _stdlib_package(stdlib_dir: Path) -> ModuleType:
 
 def _import_by_path(path: Path) -> ModuleType:
     """A model file outside the stdlib, under a name of its own; imported once per process
-    (``tvp simulate`` loads the model twice, fake and real)."""
-    name = f"tvp_user_model_{abs(hash(path))}"
+    and content (``tvp simulate`` loads the model twice, fake and real). The name holds a
+    digest of the file's bytes: a process that checks again after the file was edited (the
+    Python API in a search loop or a notebook, the language server) imports the edited
+    model, not the one it met first."""
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        digest = "unreadable"  # the import below reports it
+    name = f"tvp_user_model_{abs(hash(path))}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)

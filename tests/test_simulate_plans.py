@@ -269,3 +269,22 @@ def test_a_model_that_fails_on_the_drawn_inputs_is_located_in_its_code(
                         if "return self.head" in text)
         assert f"{tmp_path / 'off.py'}:{line}:1: error:" in out, out
         assert "internal error" not in out and "Traceback" not in out
+
+
+def test_a_gradient_statement_run_before_the_last_microbatch_is_the_line_reported(
+        tmp_path: Path) -> None:
+    """`all-reduce grad(embed.weight) over pp after=1` (the embedding group synchronised
+    after the first of two microbatches) followed by the dp reduce-scatter of every
+    gradient: the difference was reported at the reduce-scatter (the last statement on the
+    parameter), which is not at fault; the early statement, which left the second
+    microbatch out, is the line reported now."""
+    text = (ROOT / "plans" / "llama_tiny_tied.tvp").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    early = lines.index("all-reduce grad(embed.weight) over pp") + 1
+    path = tmp_path / "early.tvp"
+    path.write_text(text.replace('"stdlib/', f'"{ROOT}/stdlib/')
+                    .replace("over pp\n", "over pp after=1\n"), encoding="utf-8")
+    result = simulate_file(path)
+    assert not result.agrees
+    spans = {m.span.line for m in result.mismatches if m.tensor == "grad(embed.weight)"}
+    assert spans == {early}, spans

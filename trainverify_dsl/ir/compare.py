@@ -198,11 +198,19 @@ def _check_loss(pair: Pair) -> None:
 
 def _grad_spans(program: ParallelProgram) -> dict[str, Span | None]:
     """Where a gradient's difference is reported: its last gradient statement, else the
-    statement that distributes the parameter."""
+    statement that distributes the parameter. A statement that runs before the last
+    microbatch (``after=k``, ``k`` below the microbatches) leaves the later microbatches'
+    contributions out of what it reduces: when one acts on the parameter, the difference
+    is reported there (the statements after it receive what it left)."""
     spans: dict[str, Span | None] = {p: s.span for p, s in program.param_sources}
+    early: set[str] = set()
     for sync in program.grad_syncs:
         for param in sync.params:
+            if param in early:
+                continue
             spans[param] = sync.origin.span
+            if 0 < sync.after < program.microbatches:
+                early.add(param)
     return spans
 
 

@@ -253,3 +253,30 @@ def test_a_model_file_edited_between_two_checks_of_one_process_is_read_again(
     assert check_file(path, allow_model_outside_root=True).verdict == "verified"
     model.write_text(STACK_MODEL.replace("DIM", "0"), encoding="utf-8")
     assert check_file(path, allow_model_outside_root=True).verdict == "error"
+
+
+def test_a_helper_module_edited_between_two_checks_of_one_process_is_read_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model file was read again after an edit, but the modules it imports were not:
+    with the helper edited to mix the batch's rows, the second check still ran the first
+    helper and said VERIFIED."""
+    helper = f"tvp_test_helper_{tmp_path.name.replace('-', '_')}"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "net.py").write_text(STACK_MODEL.replace("class Stacked", textwrap.dedent(f"""\
+        from {helper} import combine
+
+
+        class Combined(Net):
+            def forward(self, x, y):
+                return ((combine(self.fc(x)) - y) ** 2).mean()
+
+
+        class Stacked""")), encoding="utf-8")
+    path = tmp_path / "combined.tvp"
+    path.write_text(PLAN.replace("net.py:Net", "net.py:Combined")
+                    .replace("batch 4 seq 4", "batch 4 seq 2"), encoding="utf-8")
+    module = tmp_path / f"{helper}.py"
+    module.write_text("def combine(h):\n    return 2 * h\n", encoding="utf-8")
+    assert check_file(path, allow_model_outside_root=True).verdict == "verified"
+    module.write_text("def combine(h):\n    return h * h.mean(0)\n", encoding="utf-8")
+    assert check_file(path, allow_model_outside_root=True).verdict != "verified"

@@ -133,10 +133,55 @@ def _within(path: Path, root: Path) -> bool:
 
 
 def _import_file(path: Path) -> ModuleType:
+    _forget_edited_modules()
     stdlib_dir = RESOURCES.stdlib_dir.resolve()
-    if _within(path, stdlib_dir):
-        return _import_stdlib_module(path, stdlib_dir)
-    return _import_by_path(path)
+    try:
+        if _within(path, stdlib_dir):
+            return _import_stdlib_module(path, stdlib_dir)
+        return _import_by_path(path)
+    finally:
+        _forget_edited_modules()  # records the digests of what the import brought in
+
+
+#: module name -> (file, digest of its bytes when first met) of every imported module that is
+#: Python source outside the interpreter's installation and this package: model files, the
+#: helper modules they import, the shipped models
+_MET: dict[str, tuple[str, str]] = {}
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def _forget_edited_modules() -> None:
+    """Drop from ``sys.modules`` every user module whose file changed since it was met, and
+    then every model file imported (they may have bound the old code): a process that checks
+    again after ``helper.py``, which the model imports, was edited runs the edited code. A
+    model file's own edits are met by its name (``_import_by_path``)."""
+    installed = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    edited = False
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not file or not file.endswith(".py"):
+            continue
+        where = Path(file).resolve()
+        if _within(where, _PACKAGE_DIR) or any(_within(where, root) for root in installed):
+            continue
+        now = (str(where), _digest(where))
+        if _MET.setdefault(name, now) != now:
+            edited = True
+            del sys.modules[name], _MET[name]
+    if edited:
+        for name in [n for n in sys.modules if n.startswith(_USER_PREFIX)]:
+            del sys.modules[name]
+            _MET.pop(name, None)
+
+
+def _digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return "unreadable"
+
+
+_USER_PREFIX = "tvp_user_model_"
 
 
 def _import_stdlib_module(path: Path, stdlib_dir: Path) -> ModuleType:
@@ -172,11 +217,7 @@ def _import_by_path(path: Path) -> ModuleType:
     digest of the file's bytes: a process that checks again after the file was edited (the
     Python API in a search loop or a notebook, the language server) imports the edited
     model, not the one it met first."""
-    try:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    except OSError:
-        digest = "unreadable"  # the import below reports it
-    name = f"tvp_user_model_{abs(hash(path))}_{digest}"
+    name = f"{_USER_PREFIX}{abs(hash(path))}_{_digest(path)}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)

@@ -474,3 +474,27 @@ def test_a_users_field_that_selects_code_is_never_shrunk(tmp_path: Path) -> None
 def test_a_users_declared_widths_are_shrunk(tmp_path: Path) -> None:
     overrides, _, _ = sizes(user_fields_plan(tmp_path, "DeclaredPartNet", "mode 3 width 512"))
     assert overrides.get("width") == 2 and "mode" not in overrides
+
+
+def test_a_gradient_reduce_scatter_keeps_its_divisibility_when_shrunk(tmp_path: Path) -> None:
+    """Megatron tp=2 over the MLP's hidden width and `reduce-scatter grad(params) over dp
+    dim=0` with no sharded optimizer (Galvatron's zero2 import writes this): the hidden width
+    shrank to 2, whose tp-local 1 dp cannot divide, and `tvp check` ended in an internal
+    error (ShrinkingLostDivisibility) on a plan simulate agreed with."""
+    from trainverify_dsl.api import check_file
+
+    root = Path(__file__).resolve().parents[1]
+    path = tmp_path / "rs.tvp"
+    path.write_text(textwrap.dedent(f'''\
+        plan mlp_rs
+        spec "{root}/stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 seq 1 d_out 4
+        mesh dp=2, tp=2
+        use "{root}/stdlib/megatron.tvp"
+        split x [dp, -]
+        split target [dp, -]
+        apply column_parallel_bias(fc1, tp)
+        apply row_parallel_bias(fc2, tp)
+        reduce-scatter grad(params) over dp dim=0 op=avg
+        '''), encoding="utf-8")
+    verdict = check_file(path, cache=False)
+    assert verdict.verdict == "verified", verdict.reason

@@ -453,6 +453,7 @@ def plan_divisibilities(plan: Plan, binding: Any, points: Mapping[str, tuple[int
             if split:
                 rules.append(_rule(size, split, probe, primes, source=f"{name} dimension {d}"))
     rules += _zero_blocks(plan, binding, axes, probe, primes, constants)
+    rules += _gradient_scatters(binding, axes, probe, primes, constants)
     for point, statements in binding.point_collectives.items():
         shape = points.get(point)
         for st in statements:
@@ -504,6 +505,30 @@ def _zero_blocks(plan: Plan, binding: Any, axes: Callable[[tuple[str, ...]], Any
         if shape:
             rules.append(_divisibility(shape[0], own + group, probe, primes, whole=True,
                                        source=f"ZeRO block of {name}", constants=constants))
+    return rules
+
+
+def _gradient_scatters(binding: Any, axes: Callable[[tuple[str, ...]], Any],
+                       probe: Mapping[str, int], primes: Mapping[str, int], constants: bool
+                       ) -> list[Divisibility]:
+    """Rule 2.1 for ``reduce-scatter grad(P) ... dim=d``: the parameter's dimension ``d`` is
+    cut into its own split times the statement's group, as a ZeRO block is (with or
+    without a sharded optimizer)."""
+    rules = []
+    for st, names in binding.grad_statements:
+        if st.kind != "reduce-scatter" or not axes(st.axes):
+            continue
+        for name in names:
+            shape = binding.params.get(name)
+            d = st.dim if st.dim is not None else 0
+            if not shape or not -len(shape) <= d < len(shape):
+                continue
+            layout = binding.param_layouts.get(name)
+            own = axes(layout.axes_of_dim(d % len(shape))) if layout else ()
+            rules.append(_divisibility(shape[d], own + axes(st.axes), probe, primes,
+                                       whole=True,
+                                       source=f"reduce-scatter of grad({name}) dimension {d}",
+                                       constants=constants))
     return rules
 
 

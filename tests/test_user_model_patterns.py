@@ -574,3 +574,37 @@ def test_a_classifiers_labels_are_drawn_in_range_of_its_classes(tmp_path: Path) 
                     encoding="utf-8")
     verdict = check_file(path, allow_model_outside_root=True)
     assert verdict.verdict == "verified", verdict.reason
+
+
+@pytest.mark.parametrize("specs", ['{"x": "not a tuple"}', "None",
+                                   '{"x": ((batch, -4), torch.float32)}',
+                                   '{"x": ((batch, 4), "float32")}'])
+def test_malformed_input_specs_are_a_diagnostic_at_the_spec_line(tmp_path: Path, specs: str
+                                                                  ) -> None:
+    """`input_specs` returning something other than `{name: (shape, dtype)}` ended every
+    plan command in an internal error (`too many values to unpack`), and `api.check`
+    raised; only `tvp spec` said TVP307."""
+    from trainverify_dsl.api import check
+
+    (tmp_path / "odd.py").write_text(textwrap.dedent(f'''\
+        import torch
+        from torch import nn
+
+
+        class Odd(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 4)
+
+            def input_specs(self, batch, seq):
+                return {specs}
+
+            def forward(self, x):
+                return self.fc(x).mean()
+        '''), encoding="utf-8")
+    path = tmp_path / "odd.tvp"
+    path.write_text('plan p\nspec "odd.py:Odd" batch 8\nmesh dp=2\nsplit x [dp, -]\n'
+                    "all-reduce grad(params) over dp op=avg\n", encoding="utf-8")
+    [error] = layout_diagnostics(path, allow_model_outside_root=True)
+    assert error.code.id == "TVP307" and error.span.line == 2, error
+    assert check(path, allow_model_outside_root=True).verdict == "error"

@@ -387,8 +387,8 @@ def unbatched_inputs(model: Any) -> frozenset[str]:
 
 
 def model_input_specs(model: Any, batch: int, seq: int, where: str = "") -> Any:
-    """``model.input_specs(batch, seq)``; a bad size, a missing method or one that raises is a
-    ``SpecError`` (the specs themselves are checked when the tracer builds its inputs)."""
+    """``model.input_specs(batch, seq)``; a bad size, a missing method, one that raises or
+    returns something other than ``{name: (shape, dtype)}`` is a ``SpecError``."""
     for name, value in (("batch", batch), ("seq", seq)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise fail(codes.BAD_INPUT_SPEC, f"{name} must be a whole number of at least 1, "
@@ -399,7 +399,11 @@ def model_input_specs(model: Any, batch: int, seq: int, where: str = "") -> Any:
                    "seq) method", where, help="add input_specs returning {name: (shape, "
                    "dtype)} in forward argument order (see docs/models.md)")
     try:
-        return model.input_specs(batch, seq)
+        specs = model.input_specs(batch, seq)
     except USER_CODE_ERRORS as error:
         raise fail(codes.BAD_INPUT_SPEC, f"{type(model).__name__}.input_specs({batch}, {seq}) "
                    f"failed: {type(error).__name__}: {error}", where) from None
+    from trainverify_dsl.spec.trace import check_input_specs
+
+    check_input_specs(specs, where)
+    return specs

@@ -119,15 +119,22 @@ def _input_spec_problem(name: Any, spec: Any) -> str | None:
     return None
 
 
-def _example_inputs(specs: InputSpecs) -> tuple[torch.Tensor, ...]:
+def check_input_specs(specs: Any, where: str = "") -> None:
+    """A ``SpecError`` (TVP307) unless ``specs`` is a non-empty ``{name: (shape, dtype)}``
+    of whole positive sizes and dtypes the IR has."""
     if not isinstance(specs, Mapping) or not specs:
         raise fail(codes.BAD_INPUT_SPEC, f"input specs must be a non-empty mapping "
-                   f"{{name: (shape, dtype)}}, got {specs!r:.200}")
-    inputs = []
+                   f"{{name: (shape, dtype)}}, got {specs!r:.200}", where)
     for name, spec in specs.items():
         problem = _input_spec_problem(name, spec)
         if problem is not None:
-            raise fail(codes.BAD_INPUT_SPEC, problem)
+            raise fail(codes.BAD_INPUT_SPEC, problem, where)
+
+
+def _example_inputs(specs: InputSpecs) -> tuple[torch.Tensor, ...]:
+    check_input_specs(specs)
+    inputs = []
+    for name, spec in specs.items():
         shape, dtype = spec
         try:
             inputs.append(torch.zeros(tuple(shape), dtype=dtype))

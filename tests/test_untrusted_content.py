@@ -129,6 +129,19 @@ def test_use_of_a_secrets_file_does_not_print_the_secret(tmp_path: Path) -> None
     assert "note: in the file used at main.tvp:4:1" in text
 
 
+def test_a_secrets_file_that_is_not_utf8_does_not_print_the_secret(tmp_path: Path) -> None:
+    """A byte that is not UTF-8 in a `.env` file: the TVP110 quoted none of it, but the
+    TVP109 about the byte that followed quoted its line, secret and all (`lint`, `fmt`)."""
+    (tmp_path / "secret.env").write_bytes(SECRET_ENV.encode() + b"\xff\n")
+    (tmp_path / "main.tvp").write_text(HEAD + 'use "secret.env"\n', encoding="utf-8")
+    for command in (("lint", "main.tvp"), ("lint", "secret.env"), ("fmt", "secret.env"),
+                    ("lint", "--format", "json", "secret.env")):
+        result = tvp(*command, cwd=tmp_path)
+        output = result.stdout + result.stderr
+        assert SECRET not in output and "API_KEY" not in output, (command, output)
+        assert output.count("TVP110") == 1 and "TVP109" not in output, (command, output)
+
+
 def test_a_plan_that_is_a_symlink_to_another_file_is_not_quoted(tmp_path: Path) -> None:
     (tmp_path / ".env").write_text(SECRET_ENV, encoding="utf-8")
     (tmp_path / "plan.tvp").symlink_to(".env")

@@ -110,7 +110,10 @@ def parse_file(path: str | Path) -> ParseResult:
     if text is None:
         return ParseResult(None, problems)
     result = parse_source(text, str(path))
-    return ParseResult(result.plan_file, (*problems, *result.diagnostics))
+    found = result.diagnostics
+    if any(d.code is codes.NOT_A_PLAN for d in problems):  # said once, quoting nothing
+        found = tuple(d for d in found if d.code is not codes.NOT_A_PLAN)
+    return ParseResult(result.plan_file, (*problems, *found))
 
 
 def read_source(path: str | Path) -> tuple[str | None, tuple[Diagnostic, ...]]:
@@ -129,8 +132,10 @@ def read_source(path: str | Path) -> tuple[str | None, tuple[Diagnostic, ...]]:
     try:
         return data.decode("utf-8"), ()
     except UnicodeDecodeError as error:
-        return (data.decode("utf-8", errors="replace"),
-                (_encoding_diagnostic(data, error, file),))
+        text = data.decode("utf-8", errors="replace")
+        if not looks_like_a_plan(text):  # some other file (.env): quote none of it
+            return text, (_not_a_plan_diagnostic(text, file),)
+        return text, (_encoding_diagnostic(data, error, file),)
 
 
 def _read_regular_file(path: Path) -> bytes:

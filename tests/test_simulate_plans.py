@@ -288,3 +288,30 @@ def test_a_gradient_statement_run_before_the_last_microbatch_is_the_line_reporte
     assert not result.agrees
     spans = {m.span.line for m in result.mismatches if m.tensor == "grad(embed.weight)"}
     assert spans == {early}, spans
+
+
+PIPELINE_ONLY = """\
+plan seed
+spec "{root}/stdlib/models/llama.py:Llama" config llama_tiny batch 4 seq 8 n_layers 2
+spec-optimizer sgd lr=0.01
+mesh pp=2
+microbatches 2 schedule 1f1b
+{scale}
+pipeline-stage 0: embed, layers[0:1]
+pipeline-stage 1: layers[1:2], norm, output, loss
+optimizer sgd lr=0.01
+"""
+
+
+@pytest.mark.parametrize("scale,at", [("", 5), ("loss-scale 1/4", 6)])
+def test_a_gradient_no_statement_names_is_reported_where_the_seed_is_stated(
+        tmp_path: Path, scale: str, at: int) -> None:
+    """A pipeline plan over 2 microbatches without `loss-scale` (no data split, no gradient
+    statement): the gradients' differences had no plan line ("(no plan line)", null in
+    JSON, 1:1 in SARIF). They stand at the `loss-scale` statement now, or at `microbatches`
+    when there is none."""
+    path = tmp_path / "seed.tvp"
+    path.write_text(PIPELINE_ONLY.format(root=ROOT, scale=scale), encoding="utf-8")
+    result = simulate_file(path, stop_on_errors=False)
+    grads = [m for m in result.mismatches if m.tensor.startswith("grad(")]
+    assert grads and {m.span.line if m.span else None for m in grads} == {at}

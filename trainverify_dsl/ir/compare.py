@@ -201,8 +201,12 @@ def _grad_spans(program: ParallelProgram) -> dict[str, Span | None]:
     statement that distributes the parameter. A statement that runs before the last
     microbatch (``after=k``, ``k`` below the microbatches) leaves the later microbatches'
     contributions out of what it reduces: when one acts on the parameter, the difference
-    is reported there (the statements after it receive what it left)."""
-    spans: dict[str, Span | None] = {p: s.span for p, s in program.param_sources}
+    is reported there (the statements after it receive what it left). A parameter no
+    statement names is reported where the backward seed is stated (``loss-scale``, else
+    ``microbatches``), else at the loss."""
+    fallback = program.seed_origin.span or program.loss.origin.span
+    spans: dict[str, Span | None] = {p: fallback for p, _ in program.param_layouts}
+    spans.update((p, s.span) for p, s in program.param_sources)
     early: set[str] = set()
     for sync in program.grad_syncs:
         for param in sync.params:

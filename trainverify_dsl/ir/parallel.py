@@ -284,6 +284,8 @@ class ParallelProgram:
     param_sources: tuple[tuple[str, Source], ...] = ()
     #: ``clip-grad-norm`` (``None``: no clipping)
     clip: GradClip | None = None
+    #: where the seed is stated: the ``loss-scale`` statement, else ``microbatches``
+    seed_origin: Source = NO_SOURCE
 
     @property
     def sizes(self) -> dict[str, int]:

@@ -17,6 +17,7 @@ from typing import Any
 from trainverify_dsl.ir.graph import Graph, restrict
 from trainverify_dsl.ir.layout import MICROBATCH_AXIS, Factor, TLayout
 from trainverify_dsl.ir.parallel import (
+    NO_SOURCE,
     Claim,
     GradClip,
     GradSync,
@@ -319,5 +320,7 @@ def parallel_program(lowered: Lowered, graphs: list[Graph] | None = None) -> Par
                     for p, _ in param_layouts if p in lowered.binding.param_layouts
                     and lowered.binding.param_layouts[p].origins)
     final = program.final_grad_layouts()
+    seed = plan.header_origin("loss-scale") or plan.header_origin("microbatches")
     return replace(program, claims=_claims(lowered, final), param_sources=sources,
-                   clip=_clip(lowered, stages, final))
+                   clip=_clip(lowered, stages, final),
+                   seed_origin=source_of(seed) if seed is not None else NO_SOURCE)

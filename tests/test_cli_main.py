@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,8 @@ def test_an_unexpected_error_of_a_command_is_an_internal_error_exit_2(
     captured = capsys.readouterr()
     assert "tvp run-distributed: internal error: AttributeError:" in captured.err
     assert "please report it" in captured.err and "Traceback" not in captured.err
+    assert captured.out == ""
+    # with --format json, stdout is still one JSON document (it was empty)
+    assert main(["run-distributed", "--format", "json", "plans/mlp_tiny_dp.tvp"]) == 2
+    document = json.loads(capsys.readouterr().out)
+    assert document["verdict"] == "error" and "AttributeError" in document["error"]

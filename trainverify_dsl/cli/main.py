@@ -109,8 +109,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         frame = traceback.extract_tb(error.__traceback__)[-1]
         where = f"{Path(frame.filename).name}:{frame.lineno}"
-        print(f"tvp {args.command}: internal error: {type(error).__name__}: {error} (at "
-              f"{where}; please report it)", file=sys.stderr)
+        message = f"internal error: {type(error).__name__}: {error} (at {where}; please " \
+            "report it)"
+        print(f"tvp {args.command}: {message}", file=sys.stderr)
+        if getattr(args, "format", None) == "json":  # stdout stays one JSON document
+            import json
+
+            print(json.dumps({"command": args.command, "verdict": "error", "error": message},
+                             indent=2))
         return EXIT_USAGE
 
 

@@ -608,3 +608,31 @@ def test_malformed_input_specs_are_a_diagnostic_at_the_spec_line(tmp_path: Path,
     [error] = layout_diagnostics(path, allow_model_outside_root=True)
     assert error.code.id == "TVP307" and error.span.line == 2, error
     assert check(path, allow_model_outside_root=True).verdict == "error"
+
+
+def test_a_forward_that_returns_no_scalar_loss_is_found_by_the_layout_pass(tmp_path: Path
+                                                                          ) -> None:
+    """`tvp lint --spec` said "no issues found" for a model returning an (8, 2) tensor that
+    `check` and `simulate` refuse (TVP306): the layout pass checks the output as the tracer
+    does."""
+    (tmp_path / "odd.py").write_text(textwrap.dedent('''\
+        import torch
+        from torch import nn
+
+
+        class Odd(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 2)
+
+            def input_specs(self, batch, seq):
+                return {"x": ((batch, 4), torch.float32)}
+
+            def forward(self, x):
+                return self.fc(x)
+        '''), encoding="utf-8")
+    path = tmp_path / "odd.tvp"
+    path.write_text('plan p\nspec "odd.py:Odd" batch 8\nmesh dp=2\nsplit x [dp, -]\n'
+                    "all-reduce grad(params) over dp op=avg\n", encoding="utf-8")
+    [error] = layout_diagnostics(path, allow_model_outside_root=True)
+    assert error.code.id == "TVP306" and "scalar training loss" in error.message

@@ -28,6 +28,7 @@ from trainverify_dsl.spec.load import USER_CODE_ERRORS
 from trainverify_dsl.spec.marks import MARK, install_marks  # noqa: F401 (MARK re-exported)
 from trainverify_dsl.spec.trace import (
     canonical_names,
+    check_loss_output,
     decompositions,
     export_key,
     refuse_buffer_writes,
@@ -66,6 +67,7 @@ def capture_forward(model: nn.Module, inputs: Mapping[str, torch.Tensor],
     finally:
         for handle in handles:
             handle.remove()
+    check_loss_output(exported, model)  # the layout pass says it as the tracer does
     key = _capture_key(exported)
     decomposed = DECOMPOSED.get(key)
     if decomposed is None:

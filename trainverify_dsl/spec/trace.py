@@ -188,7 +188,7 @@ def _joint(module: nn.Module, args: tuple[Any, ...], *,
     returns one scalar floating-point tensor (the loss the backward starts from)."""
     exported = _export(module, args)
     if returns_loss:
-        _check_loss_output(exported, module)
+        check_loss_output(exported, module)
     return _differentiate(exported, args)
 
 
@@ -276,7 +276,7 @@ def _describe_output(value: Any) -> str:
     return "None" if value is None else f"a {type(value).__name__}"
 
 
-def _check_loss_output(exported: Any, module: nn.Module) -> None:
+def check_loss_output(exported: Any, module: nn.Module) -> None:
     """``forward`` must return exactly one scalar floating-point tensor."""
     output = next(n for n in exported.graph.nodes if n.op == "output")
     values = list(output.args[0])[-len(exported.graph_signature.user_outputs):]
@@ -572,7 +572,7 @@ def _trace_outer(model: nn.Module, list_path: str, inputs: tuple[torch.Tensor, .
     try:
         with marks(model, marked):
             exported = _export(model, inputs)
-            _check_loss_output(exported, model)
+            check_loss_output(exported, model)
             key = export_key(exported, where=True)
             gm = OUTERS.get(key)
             if gm is None:

@@ -432,8 +432,14 @@ def test_the_api_refuses_invalid_options_before_any_work(tmp_path: Path) -> None
 
     with pytest.raises(ValueError, match="is not a directory"):
         check("plan x\nmesh dp=2\n", base_dir=tmp_path / "missing")
-    for seed in (-1, 1.5, True):
+    for seed in (-1, 1.5, True, 2**40):
         with pytest.raises(ValueError, match="seed must be a whole number"):
             check("plan x\nmesh dp=2\n", seed=seed)
+    # the command line's ranges: --timeout positive, --time-limit at least 0
+    for timeout in (0, -1, float("nan"), "5"):
+        with pytest.raises(ValueError, match="timeout must be a positive number"):
+            check("plan x\nmesh dp=2\n", timeout=timeout)
+    with pytest.raises(ValueError, match="time_limit must be a non-negative number"):
+        check("plan x\nmesh dp=2\n", time_limit=-5)
     empty = check("")
     assert empty.verdict == ERROR and empty.plan == TEXT_PLAN

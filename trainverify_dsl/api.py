@@ -15,6 +15,7 @@ the ``Plan``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -719,6 +720,9 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
     from trainverify_dsl.spec.errors import SpecError
 
     _check_seed(seed)
+    _check_seconds("timeout", timeout, positive=True)
+    if time_limit is not None:
+        _check_seconds("time_limit", time_limit, positive=False)
     start = time.perf_counter()
     verdict = Verdict(ERROR, str(path))
     try:
@@ -809,7 +813,9 @@ def check(plan: str | Path, *, base_dir: str | Path | None = None, **options: An
     temporary file, in ``base_dir`` when given (so a ``spec`` path relative to that folder
     resolves) and removed afterwards; its diagnostics and counterexample name
     ``TEXT_PLAN``. An empty string is an (empty) plan text. Invalid options (a ``base_dir``
-    that is no directory, a negative ``seed``) raise ``ValueError`` before any work."""
+    that is no directory, a ``seed`` outside 0 to 2**32 - 1, a ``timeout`` that is not a
+    positive number of seconds, a negative ``time_limit``) raise ``ValueError`` before any
+    work."""
     import contextlib
     import os
     import tempfile
@@ -817,6 +823,9 @@ def check(plan: str | Path, *, base_dir: str | Path | None = None, **options: An
     if base_dir is not None and not Path(base_dir).is_dir():
         raise ValueError(f"base_dir {str(base_dir)!r} is not a directory")
     _check_seed(options.get("seed", 0))
+    _check_seconds("timeout", options.get("timeout", 60.0), positive=True)
+    if options.get("time_limit") is not None:
+        _check_seconds("time_limit", options["time_limit"], positive=False)
     if isinstance(plan, Path) or ("\n" not in plan and plan):
         return check_file(plan, **options)
     place = contextlib.nullcontext(str(base_dir)) if base_dir is not None else \
@@ -835,8 +844,18 @@ def check(plan: str | Path, *, base_dir: str | Path | None = None, **options: An
 
 
 def _check_seed(seed: Any) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a whole number of at least 0, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be a whole number from 0 to 2**32 - 1 (numpy's seeds), "
+                         f"got {seed!r}")
+
+
+def _check_seconds(name: str, value: Any, positive: bool) -> None:
+    """``ValueError`` unless ``value`` is a finite number of seconds (``positive``: above
+    0, else at least 0), as the command line's ``--timeout`` and ``--time-limit`` take."""
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if not number or not math.isfinite(value) or value < 0 or (positive and value == 0):
+        kind = "a positive" if positive else "a non-negative"
+        raise ValueError(f"{name} must be {kind} number of seconds, got {value!r}")
 
 
 def rename_plan(verdict: Any, old: str, new: str) -> Any:

@@ -406,3 +406,22 @@ def test_a_plan_that_cannot_be_lowered_is_reported_at_its_statement(
     assert document["verdict"] == "errors" and document["findings"], document
     assert all(f["span"]["file"] == str(path) and f["span"]["line"] >= 1
                for f in document["findings"]), document["findings"]
+
+
+def test_cli_a_plan_with_syntax_errors_is_errors_exit_1(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It was `not-run`, exit 2 (read as a usage error), while a spec error is `errors`,
+    exit 1, as in lint, simulate and check."""
+    import json
+
+    from trainverify_dsl.cli.main import main
+
+    path = tmp_path / "syntax.tvp"
+    path.write_text("plan p\nmesh dp=2\nsplit x [dp; -]\n", encoding="utf-8")
+    assert main(["run-distributed", "--format", "json", str(path)]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["verdict"] == "errors"
+    assert any(f["code"] == "TVP100" for f in document["findings"]), document["findings"]
+    assert main(["run-distributed", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "[TVP100]" in out and "not run: the plan has errors" in out

@@ -28,7 +28,8 @@ keys every time (values that need a run are ``null``, or empty, when none ran)::
     }
 
 Verdicts: ``agrees`` (exit 0); ``rejected``: the values agree but the layout pass reports
-errors, ``differs``, ``errors``: the plan cannot be lowered or its spec has errors (exit 1);
+errors, ``differs``, ``errors``: the plan has errors (syntax, names, the layout pass's when
+they stop it), cannot be lowered or its spec has errors (exit 1);
 ``not-run``: a plan the oracle cannot run (more than 8 ranks, no spec line, ...) (exit 2).
 Argument errors are argparse's (exit 2, usage on stderr, nothing on stdout).
 """
@@ -42,6 +43,7 @@ import warnings
 from typing import Any
 
 from trainverify_dsl.cli.lint_cmd import add_model_root_option, seed
+from trainverify_dsl.report.diagnostics import Severity
 
 EXIT_AGREES = 0
 EXIT_DIFFERS = 1
@@ -128,6 +130,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.plan}: not run: the spec has errors")
         return EXIT_DIFFERS
     except (OracleError, SimulationSetupError) as error:
+        found = list(getattr(error, "diagnostics", ()) or ())
+        if any(d.severity is Severity.ERROR for d in found):  # the plan has errors: exit 1
+            from trainverify_dsl.cli.lint_cmd import render_diagnostics
+
+            if as_json:
+                emit(_document(args.plan, "errors", "the plan has errors", findings=found))
+                return EXIT_DIFFERS
+            files = sorted({d.span.file for d in found if d.span is not None}) or [args.plan]
+            sys.stdout.write(render_diagnostics(found, files, "text"))
+            print(f"{args.plan}: not run: the plan has errors")
+            return EXIT_DIFFERS
         if as_json:
             emit(_document(args.plan, "not-run", str(error),
                            findings=list(getattr(error, "diagnostics", ()) or ())))

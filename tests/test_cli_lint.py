@@ -249,3 +249,19 @@ def test_real_lint_text_output_points_at_the_mistake(tmp_path: Path) -> None:
     assert plain[1:3] == ["    split tokens [dq, -]", "                  ^~"]
     assert plain[-1].startswith("1 error")
     assert "\x1b[1;31merror:" in done.stdout
+
+
+@pytest.mark.parametrize("fmt", ["sarif", "json"])
+def test_a_folder_without_plans_still_writes_a_document(
+        tmp_path: Path, fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tvp lint --format sarif empty/ > results.sarif` left an empty file for the CI
+    upload to choke on; it is an empty report now (still exit 2, the reason on stderr)."""
+    from trainverify_dsl.cli.main import main
+
+    assert main(["lint", "--format", fmt, str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    if fmt == "sarif":
+        validate(document)
+        assert document["runs"][0]["results"] == []
+    assert "no .tvp files under" in captured.err

@@ -129,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
     for directory in empty_dirs:
         print(f"tvp lint: no {PLAN_SUFFIX} files under {directory}", file=sys.stderr)
     if not files:
+        if args.format in ("json", "sarif"):  # stdout stays a document (a CI upload reads it)
+            _write(sys.stdout, render(args.format, LintReport.of((), ()), FileSources(),
+                                      color=False, root=os.getcwd()))
         return EXIT_USAGE
     from trainverify_dsl.cli.progress import phases
 

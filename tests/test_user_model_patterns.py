@@ -636,3 +636,32 @@ def test_a_forward_that_returns_no_scalar_loss_is_found_by_the_layout_pass(tmp_p
                     "all-reduce grad(params) over dp op=avg\n", encoding="utf-8")
     [error] = layout_diagnostics(path, allow_model_outside_root=True)
     assert error.code.id == "TVP306" and "scalar training loss" in error.message
+
+
+def test_a_torch_error_while_building_the_model_is_quoted_without_its_cpp_backtrace(
+        tmp_path: Path) -> None:
+    """`d_in 99999999999999999999` on the spec line: torch's overflow error carries its
+    C++ backtrace ("frame #0: c10::Error::Error ..."), which TVP303 quoted whole."""
+    (tmp_path / "wide.py").write_text(textwrap.dedent('''\
+        import torch
+        from torch import nn
+
+
+        class Wide(nn.Module):
+            def __init__(self, d_in: int = 4):
+                super().__init__()
+                self.fc = nn.Linear(d_in, 2)
+
+            def input_specs(self, batch, seq):
+                return {"x": ((batch, 4), torch.float32)}
+
+            def forward(self, x):
+                return self.fc(x).mean()
+        '''), encoding="utf-8")
+    path = tmp_path / "wide.tvp"
+    path.write_text('plan p\nspec "wide.py:Wide" batch 8 d_in 99999999999999999999\n'
+                    "mesh dp=2\nsplit x [dp, -]\nall-reduce grad(params) over dp op=avg\n",
+                    encoding="utf-8")
+    [error] = layout_diagnostics(path, allow_model_outside_root=True)
+    assert error.code.id == "TVP303" and "constructing Wide failed" in error.message
+    assert "frame #" not in error.message and "Exception raised from" not in error.message

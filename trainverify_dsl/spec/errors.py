@@ -44,3 +44,16 @@ def fail_at(code: Code, message: str, span: Span, notes: tuple[str, ...] = (),
             help: str | None = None) -> SpecError:
     """``fail`` at a known source location (a line of the model's code)."""
     return SpecError([Diagnostic(code, message, span, notes, help)])
+
+
+#: where torch's C++ errors start their backtrace (not for a diagnostic's message)
+_CPP_TRACE = ("\nException raised from ", "\nframe #0: ")
+
+
+def error_text(error: BaseException) -> str:
+    """``"TypeError: message"`` for an exception of user code or torch, without the C++
+    backtrace torch appends to some of its errors."""
+    text = str(error)
+    for marker in _CPP_TRACE:
+        text = text.split(marker, 1)[0]
+    return f"{type(error).__name__}: {text.rstrip()}"

@@ -32,7 +32,7 @@ from typing import Any
 
 from trainverify_dsl.report import codes_spec as codes
 from trainverify_dsl.resources import RESOURCES
-from trainverify_dsl.spec.errors import SpecError, fail
+from trainverify_dsl.spec.errors import SpecError, error_text, fail
 
 CONFIGS_PATH = RESOURCES.configs_file
 #: The package name the shipped stdlib is imported under (its models import each other so).
@@ -256,7 +256,7 @@ def model_class(ref: ModelRef) -> Any:
         raise
     except USER_CODE_ERRORS as error:
         raise fail(codes.MODEL_LOAD_FAILED, f"importing {ref.file.name} failed: "
-                   f"{type(error).__name__}: {error}", str(ref.file)) from None
+                   f"{error_text(error)}", str(ref.file)) from None
     cls = getattr(module, ref.class_name, None)
     if cls is None:
         names = [n for n in vars(module) if isinstance(vars(module)[n], type)]
@@ -345,7 +345,7 @@ def load_model(ref: str | ModelRef, config: str | None = None, *, fake: bool = T
             raise
         needs_config = model_ref.config is None and hasattr(cls, "from_config_name")
         raise fail(codes.MODEL_LOAD_FAILED, f"constructing {cls.__name__} failed: "
-                   f"{type(error).__name__}: {error}", str(model_ref.file),
+                   f"{error_text(error)}", str(model_ref.file),
                    help="this model is built from a named config: pass --config NAME "
                         "(see stdlib/models/configs.json)" if needs_config else None) from None
     frozen = [name for name, p in getattr(model, "named_parameters", lambda: ())()
@@ -402,7 +402,7 @@ def model_input_specs(model: Any, batch: int, seq: int, where: str = "") -> Any:
         specs = model.input_specs(batch, seq)
     except USER_CODE_ERRORS as error:
         raise fail(codes.BAD_INPUT_SPEC, f"{type(model).__name__}.input_specs({batch}, {seq}) "
-                   f"failed: {type(error).__name__}: {error}", where) from None
+                   f"failed: {error_text(error)}", where) from None
     from trainverify_dsl.spec.trace import check_input_specs
 
     check_input_specs(specs, where)

@@ -517,3 +517,21 @@ def test_a_proof_keeps_the_ignored_label(tmp_path: Path) -> None:
     assert verdict.verdict == "verified", verdict.reason
     sizes = next(a for a in verdict.assumptions if a.startswith("shape reduction"))
     assert "vocab_size=2" in sizes and "ignore_index" not in sizes
+
+
+def test_context_parallel_attention_refuses_an_attention_without_rope_tables(
+        tmp_path: Path) -> None:
+    """GPT-2's attention takes only the hidden state (learned positions are added before
+    the blocks): the algorithm said TVP401 "the spec model never passes through
+    `layers.0.attention.in#1`" at the spec line, a name the plan never wrote."""
+    root = Path(__file__).resolve().parents[1]
+    path = write(tmp_path, "gpt2_cp.tvp", (
+        "plan p\n"
+        f'spec "{root}/stdlib/models/gpt2.py:GPT2" config gpt2_tiny batch 4 seq 8\n'
+        "mesh dp=2, cp=2\n"
+        "split tokens [dp, cp]\nsplit labels [dp, cp]\n"
+        "scatter pos_embed.out over cp dim=0\n"
+        "algorithm context-parallel-attention for layers.*.attention over cp\n"
+        "all-reduce grad(params) over dp, cp op=avg\n"))
+    message = refused(path)
+    assert "RoPE tables" in message and "not a Llama attention" in message

@@ -289,8 +289,12 @@ def inline(cx: Context, fn: Callable[..., Any], inputs: list[Any]) -> Any:
     return result
 
 
-def _mark(cx: Context, point: str) -> torch.fx.Node:
+def _mark(cx: Context, point: str, site: Site | None = None, what: str = "") -> torch.fx.Node:
+    """The value at ``point``; a module input the algorithm needs (``site``, ``what`` it is)
+    that the model never passes is the algorithm not applying there (TVP408 at its line)."""
     node = cx.mark(point)
+    if node is None and site is not None:
+        raise _not_applicable(site, f"it is never called with {what} (`{point}`)")
     if node is None:
         raise LoweringError(Finding(codes_lower.UNBOUND_NAME,
                                     f"the spec model never passes through "
@@ -511,7 +515,7 @@ def _lower_vocab_embedding(cx: Context, site: Site) -> tuple[torch.fx.Node, TLay
 def _lower_expert_parallel(cx: Context, site: Site) -> tuple[torch.fx.Node, TLayout]:
     module = site.module
     x = _mark(cx, f"{module}.in")
-    weights = _mark(cx, f"{module}.in#1")
+    weights = _mark(cx, f"{module}.in#1", site, "the routing weights as its second input")
     names = [f"{module}.{w}" for w in ("w1", "w2", "w3")]
     params = [cx.param(p) for p in names]
     if any(p is None for p in params):
@@ -542,7 +546,10 @@ def _lower_expert_parallel(cx: Context, site: Site) -> tuple[torch.fx.Node, TLay
 def _lower_context_parallel(cx: Context, site: Site) -> tuple[torch.fx.Node, TLayout]:
     module = site.module
     x = _mark(cx, f"{module}.in")
-    cos, sin = _mark(cx, f"{module}.in#1"), _mark(cx, f"{module}.in#2")
+    cos = _mark(cx, f"{module}.in#1", site, "the RoPE tables (cos, sin) as its second and "
+                "third inputs: it is not a Llama attention")
+    sin = _mark(cx, f"{module}.in#2", site, "the RoPE tables (cos, sin) as its second and "
+                "third inputs: it is not a Llama attention")
     names = [f"{module}.{w}.weight" for w in ("wq", "wk", "wv", "wo")]
     params = [cx.param(w) for w in names]
     target = cx.submodule(module)

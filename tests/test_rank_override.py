@@ -165,3 +165,25 @@ def test_the_statement_formats_and_the_oracle_refuses_it(tmp_path: Path) -> None
     path = write(tmp_path, MLP + "on dp=1: optimizer sgd lr=0.2 momentum=0.9\n")
     with pytest.raises(OracleError, match="per-rank overrides"):
         run_distributed(path)
+
+
+def test_an_override_in_a_template_takes_the_templates_arguments(tmp_path: Path) -> None:
+    """`template o(x, ax=dp): on ax=1: optimizer sgd lr=x ...`: the override's axis and
+    values stayed the parameter names (TVP207 "unknown mesh axis 'ax'", TVP225 "unknown
+    name 'x'"), while every other statement of a template is substituted."""
+    template = ("template o(x, ax=dp):\n"
+                "    on ax=1: optimizer sgd lr=x momentum=0.9\n")
+    same = write(tmp_path, MLP + template + "apply o(0.1)\n")
+    assert api.layout_diagnostics(same) == []
+    assert simulate_file(same).agrees
+    other = write(tmp_path, MLP + template + "apply o(0.2, tp)\n", "other.tvp")
+    result = simulate_file(other)
+    assert not result.agrees
+    program = api.build_programs(other, shrink=False).program
+    from trainverify_dsl.ir.mesh import MeshGroups
+
+    mesh = MeshGroups(program.mesh)
+    wrong = {m.rank for m in result.mismatches if m.check != "optimizer recipe"}
+    assert wrong == {r for r in range(mesh.world_size) if mesh.coords(r)["tp"] == 1}
+    twice = write(tmp_path, MLP + template + "apply o(0.1)\napply o(0.2)\n", "twice.tvp")
+    assert [d.code.id for d in api.layout_diagnostics(twice)] == ["TVP249"]

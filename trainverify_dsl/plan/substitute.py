@@ -155,6 +155,8 @@ def _field(name: str, node: Any, env: Env) -> Any:
             return expr(node, env)
         case tuple():
             return _tuple_field(node, env)
+        case ast.OptimizerDecl():  # the body of ``on dp=1: optimizer ...``
+            return statement(node, env)
     return node
 
 
@@ -174,4 +176,7 @@ def _tuple_field(items: tuple, env: Env) -> tuple:
         return tuple(target(t, env) for t in items)
     if isinstance(first, ast.MeshAxis):
         return tuple(replace(a, size=expr(a.size, env)) for a in items)
+    if isinstance(first, ast.OnCoord):
+        return tuple(replace(c, axis=ident(c.axis, env), value=expr(c.value, env))
+                     for c in items)
     return items

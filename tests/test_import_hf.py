@@ -235,3 +235,21 @@ def test_a_batch_that_does_not_split_is_refused_not_an_internal_error(tmp_path: 
     assert code == 1 and "internal error" not in err
     assert "the global batch 8 does not split into 3 microbatch(es) on each of 2 " \
            "data-parallel rank(s) [TVP605]" in err
+
+
+def test_a_config_size_of_the_wrong_type_is_malformed(tmp_path: Path) -> None:
+    """`"hidden_size": "32"` was "hidden_size is 32, but the config llama_tiny has hidden
+    32" (TVP605, two equal numbers); a size is a whole number (transformers builds the
+    layers from it), anything else is TVP606."""
+    code, _, err = hf(tmp_path, {"hidden_size": "32",
+                                 "base_model_tp_plan": {"layers.*.mlp.up_proj": "colwise"}})
+    assert code == 1
+    assert [line.split(": error: ")[1] for line in error_lines(err)] == [
+        'hidden_size is "32", not a whole number [TVP606]']
+
+
+def test_a_folder_given_as_the_file_says_so(tmp_path: Path) -> None:
+    from trainverify_dsl.cli.main import main
+
+    assert main(["import", "hf", str(tmp_path), "--config", "llama_tiny", "--seq", "8",
+                 "--batch", "8", "--mesh", "tp=2"]) == 1

@@ -395,7 +395,11 @@ def _check_config(config: Node, names: NameMap, options: ImportOptions,
         node = config.get(key)
         expected = options.config.n_layers if ours == "n_layers" else \
             options.config.sizes.get(ours)
-        if node is not None and node.value is not None and node.value != expected:
+        if node is not None and node.value is not None and (
+                isinstance(node.value, bool) or not isinstance(node.value, int)):
+            refusals.add(codes.MALFORMED_IMPORT, f"{key} is {json.dumps(node.value)}, not a "
+                         "whole number", node)
+        elif node is not None and node.value is not None and node.value != expected:
             refusals.add(codes.INCONSISTENT_DEGREES, f"{key} is {node.value}, but the config "
                          f"{options.config.name} has {ours} {expected}", node,
                          help="pick the --config whose sizes are the file's")

@@ -98,8 +98,10 @@ def read_text(path: str) -> str:
     where = Span.point(path, 1, 1)
     try:
         if not Path(path).is_file():
+            why = "it is a directory" if Path(path).is_dir() else \
+                "not a regular file" if Path(path).exists() else "no such file"
             raise Unreadable(Diagnostic(codes.UNREADABLE_IMPORT,
-                                        f"cannot read '{path}': no such file", where))
+                                        f"cannot read '{path}': {why}", where))
         data = Path(path).read_bytes()
     except OSError as error:
         raise Unreadable(Diagnostic(codes.UNREADABLE_IMPORT,

@@ -158,7 +158,8 @@ class AstBuilder:
 
     def spec_decl(self, raw, children) -> ast.SpecDecl:
         model = children[0]
-        return ast.SpecDecl(_unquote(model), self.span(model), tuple(children[1:]),
+        span = self.span(model)
+        return ast.SpecDecl(_unquote(model, span), span, tuple(children[1:]),
                             self.span(raw))
 
     def setting(self, raw, children) -> ast.Option:
@@ -185,7 +186,7 @@ class AstBuilder:
 
     def use_decl(self, raw, children) -> ast.UseDecl:
         path = children[0]
-        return ast.UseDecl(_unquote(path), self.span(path), self.span(raw))
+        return ast.UseDecl(_unquote(path, self.span(path)), self.span(path), self.span(raw))
 
     # ------------------------------------------------------------ layouts
 
@@ -492,8 +493,16 @@ class AstBuilder:
                           f"exponent of at most {MAX_EXPONENT})", self.span(token))
 
 
-def _unquote(token: Token) -> str:
-    return _UNESCAPE.sub(r"\1", str(token)[1:-1])
+def _unquote(token: Token, span: Span) -> str:
+    """The string's text; an escape other than ``\\"`` and ``\\\\`` is TVP116 at it."""
+    text = str(token)[1:-1]
+    for match in _UNESCAPE.finditer(text):
+        if match.group(1) not in ('"', "\\"):
+            col, at = span.col + 1 + match.start(), span.start_pos + 1 + match.start()
+            raise BuildError(codes.UNKNOWN_ESCAPE, f"unknown escape `\\{match.group(1)}` in "
+                             "a string: only `\\\"` and `\\\\` are escapes (paths use `/`)",
+                             Span(span.file, span.line, col, span.line, col + 2, at, at + 2))
+    return _UNESCAPE.sub(r"\1", text)
 
 
 def _slice_parts(text: str) -> list[str | None]:

@@ -141,6 +141,16 @@ GLUED_NUMBER = _error(
     "optimizer sgd lr=0x10\n",
     "optimizer sgd lr=16\n")
 
+UNKNOWN_ESCAPE = _error(
+    "TVP116", "unknown-escape", "a backslash in a string before anything but a quote or a "
+    "backslash",
+    "Strings take two escapes, `\\\"` (a quote) and `\\\\` (a backslash); any other "
+    "backslash is an error at it. Paths use `/` on every system.",
+    "A Windows path such as `plans\\new.tvp` would otherwise silently lose its backslash "
+    "(`plansnew.tvp`), or read `\\n` as a letter: another file than the one meant.",
+    'use "plans\\megatron.tvp"\n',
+    'use "plans/megatron.tvp"\n')
+
 # ---------------------------------------------------------------- recognised by example
 
 EXPECTED_OVER = _error(
@@ -242,7 +252,7 @@ CODES: tuple[Code, ...] = (
     UNEXPECTED_CHARACTER, UNEXPECTED_TOKEN, UNEXPECTED_END_OF_LINE, BAD_INDENTATION,
     EXPECTED_INDENTED_BLOCK, UNTERMINATED_STRING, UNKNOWN_STATEMENT, NESTING_TOO_DEEP,
     UNREADABLE_FILE, NOT_A_PLAN, BAD_PLACEMENT, DUPLICATE_BACKWARD, NUMBER_OUT_OF_RANGE,
-    POSITIONAL_AFTER_KEYWORD, GLUED_NUMBER,
+    POSITIONAL_AFTER_KEYWORD, GLUED_NUMBER, UNKNOWN_ESCAPE,
     EXPECTED_OVER, BAD_SPLIT_ENTRY, EXPECTED_SPLIT_DIMS, BAD_MESH_AXIS, EXPECTED_COLON,
     BAD_OPTION, EXPECTED_EXPRESSION, UNCLOSED_BRACKET, UNCLOSED_PAREN, EXPECTED_STRING,
     EXPECTED_TARGET, EXPECTED_BACKWARD_KIND, EXPECTED_NAME,

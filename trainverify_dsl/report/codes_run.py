@@ -20,11 +20,11 @@ OVER_BUDGET = Code(
     "Plans arrive from pull requests and search tools, and `tvp simulate` runs in CI: a "
     "mesh of millions of ranks, or `--no-shrink` on an 8B model, would otherwise grow until "
     "the machine kills it instead of failing with a reason.",
-    'plan big\nspec "stdlib/models/llama.py:Llama" config llama3_8b batch 8 seq 128\n'
+    'plan big\nspec "stdlib/models/llama.py:Llama" config llama3_8b batch 1024 seq 128\n'
     "spec-optimizer sgd lr=0.01\nmesh dp=1024\nsplit tokens [dp, -]\nsplit labels [dp, -]\n"
     "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.01\n"
     "# tvp simulate --no-shrink big.tvp\n",
-    'plan big\nspec "stdlib/models/llama.py:Llama" config llama3_8b batch 8 seq 128\n'
+    'plan big\nspec "stdlib/models/llama.py:Llama" config llama3_8b batch 1024 seq 128\n'
     "spec-optimizer sgd lr=0.01\nmesh dp=1024\nsplit tokens [dp, -]\nsplit labels [dp, -]\n"
     "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.01\n"
     "# tvp simulate big.tvp    (widths shrunk; or raise --max-memory)\n",

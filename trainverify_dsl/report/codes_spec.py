@@ -32,8 +32,8 @@ MODEL_LOAD_FAILED = Code(
     what="The model file could not be imported, or constructing the model (on fake "
          "tensors) raised an exception, for example a bad config override.",
     why="The model must be constructible with the given config to be traced.",
-    example='spec "stdlib/models/llama.py:Llama" config llama3_8b n_heads=7',
-    fix='spec "stdlib/models/llama.py:Llama" config llama3_8b',
+    example='spec "stdlib/models/llama.py:Llama" config llama3_8b batch 4 seq 8 n_heads 7',
+    fix='spec "stdlib/models/llama.py:Llama" config llama3_8b batch 4 seq 8',
 )
 
 UNSUPPORTED_OP = Code(
@@ -71,10 +71,16 @@ TRACE_FAILED = Code(
 BAD_INPUT_SPEC = Code(
     "TVP307", "bad-input-spec", Severity.ERROR,
     "the model's input specs are malformed",
-    what="`input_specs(batch, seq)` must map each forward argument name to (shape, dtype).",
+    what="`input_specs(batch, seq)` must map each forward argument name to (shape, dtype), "
+         "every size a whole number of at least 1, the dtype a torch dtype the IR has; a "
+         "method that raises is reported too. Reported at the `spec` line.",
     why="The tracer builds its example inputs from these specs.",
-    example='spec "stdlib/models/llama.py:Llama" config llama3_8b batch 0 seq 8',
-    fix='spec "stdlib/models/llama.py:Llama" config llama3_8b batch 4 seq 8',
+    example="# in the model file\n"
+            "def input_specs(self, batch, seq):\n"
+            '    return {"x": (batch, self.d_in)}            # no dtype\n',
+    fix="# in the model file\n"
+        "def input_specs(self, batch, seq):\n"
+        '    return {"x": ((batch, self.d_in), torch.float32)}\n',
 )
 
 IR_INVALID = Code(

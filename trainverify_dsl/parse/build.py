@@ -141,7 +141,8 @@ class AstBuilder:
         depth = 1 + max((self.depths.get(id(c), 0) for c in children), default=0)
         if depth > MAX_NESTING:
             raise BuildError(codes.NESTING_TOO_DEEP,
-                             f"nested too deeply (more than {MAX_NESTING} levels)", node.span)
+                             f"nested too deeply (more than {MAX_NESTING} levels; each "
+                             "operator of a chain `a + b + ...` is one)", node.span)
         self.depths[id(node)] = depth
         return node
 

@@ -75,7 +75,9 @@ UNKNOWN_STATEMENT = _error(
 
 NESTING_TOO_DEEP = _error(
     "TVP108", "nesting-too-deep", "an expression or block nested more than 100 levels",
-    "The parser refuses expressions, tuples and blocks nested more than 100 levels deep.",
+    "The parser refuses expressions, tuples and blocks nested more than 100 levels deep. "
+    "Each operator of a chain is a level (`1+1+...+1` of 102 terms nests 101 sums), as is "
+    "each parenthesis and each block.",
     "No real plan nests this deep; the limit keeps every later pass safe from running out "
     "of stack.",
     "loss-scale " + "-" * 300 + "1\n",

@@ -104,6 +104,15 @@ def test_lint_of_a_buffer_is_lint_of_the_file() -> None:
         assert lint_source(path.read_text(), str(path)) == lint_file(str(path)), path
 
 
+def test_a_buffer_with_a_nul_is_binary_as_the_file_is(tmp_path: Path) -> None:
+    """The server parsed it (TVP100 at the NUL, TVP200 no header) where lint says TVP109."""
+    path = tmp_path / "nul.tvp"
+    path.write_text("plan a\x00\nmesh dp=2\n", encoding="utf-8")
+    found = lint_source(path.read_text(encoding="utf-8"), str(path))
+    assert found == lint_file(str(path))
+    assert [d.code.id for d in found] == ["TVP109"]
+
+
 @pytest.mark.parametrize("path", GOLDEN, ids=lambda p: p.name)
 def test_diagnostics_are_lint_s(path: Path) -> None:
     text = path.read_text()

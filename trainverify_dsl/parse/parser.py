@@ -162,6 +162,14 @@ def _encoding_diagnostic(data: bytes, error: UnicodeDecodeError, file: str) -> D
     return Diagnostic(codes.UNREADABLE_FILE, message, Span(file, line, col, line, col + 1))
 
 
+def binary_text(text: str, file: str) -> Diagnostic | None:
+    """For text given in memory (an editor's buffer), what ``read_source`` says of a file
+    with these characters: a NUL makes it binary (TVP109, and no parse)."""
+    if "\0" not in text:
+        return None
+    return _binary_diagnostic(text.encode("utf-8", errors="surrogatepass"), file)
+
+
 def _binary_diagnostic(data: bytes, file: str) -> Diagnostic:
     """A NUL byte never occurs in a plan: the file is binary, and parsing it would only
     produce a flood of meaningless syntax errors."""

@@ -121,6 +121,11 @@ def resolve_source(text: str, path: str | Path, *,
     """``resolve_file`` for text that is not (yet) the file's content on disk, such as an
     editor's unsaved buffer: ``path`` names it in spans and places it (``use`` paths are
     relative to its folder when it exists on disk); the files it ``use``s are read from disk."""
+    from trainverify_dsl.parse.parser import binary_text
+
+    binary = binary_text(text, str(path))
+    if binary is not None:  # as lint says of the file on disk
+        return ResolveResult(None, (binary,))
     parsed = parse_source(text, str(path))
     return _resolve_parsed(parsed.plan_file, tuple(parsed.diagnostics), project_root, None)
 

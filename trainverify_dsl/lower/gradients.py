@@ -22,8 +22,10 @@ statements:
   the ``pipeline-stage`` that put its last use on another rank when no
   ``all-reduce grad(P) over pp`` sums the copies;
 - ``op=avg`` over an axis that splits no input (avg divides a true sum), a reduction over an
-  axis that splits the parameter (adds different slices) or over which its gradient is already
-  complete with ``op=sum`` (multiplies it): TVP406 ``collective-mismatch``;
+  axis that splits the parameter (adds different slices): TVP406 ``collective-mismatch``; one
+  over which its gradient is already complete with ``op=sum`` multiplies it by the axis size,
+  a factor of the §4.7 product below (a loss scale may divide it back), and is TVP406 where
+  that product cannot be checked or the loss scale only undoes the microbatch sum;
 - over the data axes, the reduction's factor times the loss scale times the number of data
   ranks and microbatches must be 1 (§4.7): TVP411 ``loss-scale-mismatch``; a ``token-mean``
   loss is already divided by the step's count along its counted axes and microbatches, which
@@ -364,6 +366,9 @@ class GradientTracker:
         # next one (a repeated all-reduce sums complete copies)
         remaining = set(partial)
         reducer = None  # the statement that reduced the data axes (a scale mismatch's place)
+        #: sums of copies already complete over an axis (statement, axis): each multiplies
+        #: the gradient by the axis size, which the loss scale may undo (§4.7 counts it)
+        copies: list[tuple[Any, str]] = []
         for st, axes in applied:
             op = st.op or "sum"
             before = set(remaining)
@@ -391,9 +396,8 @@ class GradientTracker:
                                 f"{{params}} are split over {axis}: reducing them adds the "
                                 "gradients of different slices", param)
                 elif axis not in before and op == "sum":
-                    self._group(codes_lower.COLLECTIVE_MISMATCH, st.origin, "the gradients of "
-                                f"{{params}} are already complete over {axis}: summing their "
-                                f"copies multiplies them by {self.sizes[axis]}", param)
+                    copies.append((st, axis))
+                    factor *= self.sizes[axis]
             if op == "avg":
                 undone = []  # axes whose average undoes a backward's factor (``_Factor``)
                 for axis in axes:
@@ -418,8 +422,21 @@ class GradientTracker:
             self._report(left)
         data = sorted(a for a in partial if a in data_axes)
         reduced = {a for _, axes in applied for a in axes}
-        if not set(data) <= reduced or not self._scale_checked:
+        decidable = set(data) <= reduced and self._scale_checked
+        if copies and (not decidable or loss_scale * microbatches == 1):
+            # the scale is not decidable from the statements (or the data reduction is
+            # missing), or it only undoes the microbatch sum: a sum of complete copies is a
+            # fault of its own, and the rest is checked without its factor
+            for st, axis in copies:
+                self._group(codes_lower.COLLECTIVE_MISMATCH, st.origin, "the gradients of "
+                            f"{{params}} are already complete over {axis}: summing their "
+                            f"copies multiplies them by {self.sizes[axis]}", param)
+                factor /= self.sizes[axis]
+            copies = []
+        if not decidable:
             return  # reported as missing, or not decidable from the statements
+        summed = "".join(f"; summing their copies already complete over {axis} multiplies "
+                         f"them by {self.sizes[axis]}" for _, axis in copies)
         if self._token_mean is not None:
             # Rule 4.5: already divided by the count over these axes and the microbatches
             counted = self._token_mean
@@ -434,7 +451,7 @@ class GradientTracker:
                             f"({', '.join(counted) or 'the microbatches'}), so the "
                             f"reduction's factor {factor} x loss-scale {loss_scale} x {ranks} "
                             f"data ranks outside the count ({', '.join(rest) or 'none'}) must "
-                            "be 1 (docs/semantics.md Rule 4.5)", param,
+                            f"be 1 (docs/semantics.md Rule 4.5){summed}", param,
                             "with `loss-reduction token-mean` sum the gradients over the "
                             "counted axes (`op=sum`) and state no `loss-scale`")
             return
@@ -447,8 +464,8 @@ class GradientTracker:
                         origin, f"the gradients of {{params}} come out "
                         f"{total} times the spec's: the reduction's factor {factor} x "
                         f"loss-scale {loss_scale} x {microbatches} microbatches x {ranks} data "
-                        f"ranks ({', '.join(data)}) is not 1 (docs/semantics.md §4.7)", param,
-                        help)
+                        f"ranks ({', '.join(data)}) is not 1 (docs/semantics.md §4.7)"
+                        f"{summed}", param, help)
 
     def _scale_at_fault(self, applied: list[Any], reduction: Fraction, loss_scale: Fraction,
                         microbatches: int, reducer: Any = None) -> tuple[Any, str | None]:

@@ -70,3 +70,18 @@ def test_spec_and_lint_spec_through_a_pipe_add_nothing_to_stderr() -> None:
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert done.stderr == "", (command, done.stderr)
+
+
+def test_the_seconds_count_up_while_a_phase_runs() -> None:
+    """The line's "(N s)" was computed when the phase started, so a 45-second layout pass
+    read "(3 s)" throughout (an outside user's terminal recording): it is rendered again at
+    every refresh of the spinner now."""
+    import re
+    import time
+
+    stream = io.StringIO()
+    with phases(True, stream, force_terminal=True) as show:
+        show("the layout pass")
+        time.sleep(2.3)
+    shown = {int(n) for n in re.findall(r"the layout pass \S*\((\d+) s\)", stream.getvalue())}
+    assert {0, 1, 2} <= shown, shown

@@ -39,10 +39,21 @@ def _phases(shown: bool, stream: TextIO) -> Iterator[Callable[[str], None]]:
 
     console = Console(file=stream, force_terminal=True, stderr=stream is sys.stderr)
     start = time.perf_counter()
-    with console.status("starting") as status:
+    with console.status(_Line("starting", start)) as status:
         def show(phase: str) -> None:
-            status.update(f"{phase} [dim]({time.perf_counter() - start:.0f} s)[/dim]")
+            status.update(_Line(phase, start))
         yield show
+
+
+class _Line:
+    """The status text, rendered again at every refresh of the spinner: the seconds count
+    up while a phase runs (a long layout pass must not look stuck)."""
+
+    def __init__(self, phase: str, start: float) -> None:
+        self.phase, self.start = phase, start
+
+    def __rich__(self) -> str:
+        return f"{self.phase} [dim]({time.perf_counter() - self.start:.0f} s)[/dim]"
 
 
 def _ignore(phase: str) -> None:

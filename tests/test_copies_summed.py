@@ -38,3 +38,4 @@ def test_copies_summed_that_no_scale_divides_back_are_a_loss_scale_mismatch(
     found = [d for d in layout_diagnostics(path) if d.code.id == "TVP411"]
     assert found and "summing their copies already complete over ep multiplies them by 2" \
         in found[0].message, [d.message for d in found]
+

@@ -265,3 +265,20 @@ def test_the_batch_order_is_megatron_s_sampler_order(tmp_path: Path) -> None:
             got = (local.reshape(local.shape[0], -1)[:, 0] // per_row).tolist()
             step = batch // (n * m_count)
             assert got == [m * (batch // m_count) + k * step + i for i in range(step)], (k, m)
+
+
+def test_a_split_that_does_not_divide_is_not_also_a_zero_block_error(tmp_path: Path) -> None:
+    """DeepSeek-V3's 256 experts over ep=6 under ZeRO over dp: besides the right TVP234 at
+    the split, the ZeRO check reported "42 local rows" (256 // 6) at the optimizer line for
+    every parameter, numbers the plan does not have (an outside user's full-size lint)."""
+    path = tmp_path / "mlp.tvp"
+    path.write_text(f'plan p\nspec "{Path(__file__).resolve().parents[1]}/stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 '
+                    "seq 1 d_out 4\nspec-optimizer sgd lr=0.1\nmesh dp=2, tp=5\nsplit x [dp, -]\n"
+                    "split target [dp, -]\nsplit fc1.weight [tp, -]\n"
+                    "all-reduce grad(params) over dp op=avg\n"
+                    "optimizer sgd lr=0.1 shard over dp\n", encoding="utf-8")
+    from trainverify_dsl.api import layout_diagnostics
+
+    found = layout_diagnostics(path)
+    assert found and all("local rows" not in d.message for d in found), found
+    assert any(d.code.id == "TVP234" and d.span.line == 7 for d in found), found

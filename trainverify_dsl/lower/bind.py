@@ -396,6 +396,8 @@ class _Binder:
                     twice.setdefault(axis, []).append(name)
             own = tuple(a for a in (layout.axes_of_dim(0) if layout else ())
                         if a not in PLACEMENT_AXES)
+            if shape and shape[0] % ways(own, self.sizes):
+                continue  # its own split does not divide it: that error says it (TVP234)
             local = shape[0] // ways(own, self.sizes) if shape else 1
             if not shape or local % group:
                 self.error(f"`{name}` has {local} local rows on dimension 0, not divisible by "

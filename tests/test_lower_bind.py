@@ -272,7 +272,8 @@ def test_a_split_that_does_not_divide_is_not_also_a_zero_block_error(tmp_path: P
     the split, the ZeRO check reported "42 local rows" (256 // 6) at the optimizer line for
     every parameter, numbers the plan does not have (an outside user's full-size lint)."""
     path = tmp_path / "mlp.tvp"
-    path.write_text(f'plan p\nspec "{Path(__file__).resolve().parents[1]}/stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 '
+    root = Path(__file__).resolve().parents[1]
+    path.write_text(f'plan p\nspec "{root}/stdlib/models/mlp.py:MLP" config mlp_tiny batch 8 '
                     "seq 1 d_out 4\nspec-optimizer sgd lr=0.1\nmesh dp=2, tp=5\nsplit x [dp, -]\n"
                     "split target [dp, -]\nsplit fc1.weight [tp, -]\n"
                     "all-reduce grad(params) over dp op=avg\n"

@@ -394,3 +394,14 @@ def test_a_bad_optimizer_value_is_reported_once_at_the_value(
     (found,) = lint_files(tmp_path, {"main.tvp": text})
     assert (found.code.id, found.span.line) == (code, 8)
     assert col is None or found.span.col == col
+
+
+def test_a_microbatch_count_that_does_not_divide_a_data_block_is_named() -> None:
+    """Llama3-405B's batch 2048 over dp=64 in 24 microbatches: the help said only "make
+    dimension 0 a multiple of 1536, or split it over fewer devices"; the count that does not
+    divide the 32 rows of a block is the microbatches'."""
+    result = resolve_text("plan p\nspec \"m.py:M\" batch 2048 seq 8\nmesh dp=64\n"
+                          "microbatches 24\nsplit tokens [dp, -]\n", head="")
+    [found] = [d for d in result.diagnostics if d.code is codes.SPLIT_NOT_DIVISIBLE]
+    assert "each of the 64 blocks has 32 rows, which `microbatches 24` does not divide" \
+        in (found.help or "")

@@ -306,7 +306,18 @@ class NotDivisible:
             notes=[messages.not_divisible_note(self.dim, self.size, self.axes,
                                                self.microbatches, self.zigzag)],
             help=f"make dimension {self.dim} a multiple of {divisor}, or split it over "
-                 f"fewer devices")
+                 f"fewer devices" + self._microbatch_help(divisor))
+
+    def _microbatch_help(self, divisor: int) -> str:
+        """When the rest divides: the ``microbatches`` count is what does not."""
+        if not self.microbatches or self.microbatches == 1:
+            return ""
+        rest = divisor // self.microbatches
+        if self.size % rest:
+            return ""
+        return f"; each of the {rest} blocks has {self.size // rest} rows, which " \
+            f"`microbatches {self.microbatches}` does not divide: state a microbatch count " \
+            f"that divides {self.size // rest}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -502,7 +502,7 @@ def _whole_reduction(what: str, keep_at: int) -> Rule:
     def run(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Result:
         lay = ctx.layout(args[0])
         given = args[1] if len(args) > 1 else kwargs.get("dim")
-        reduced = set(range(lay.rank)) if given is None or given == [] else {
+        reduced = set(range(lay.rank)) if given is None or given in ([], ()) else {
             _ndim(d, lay.rank) for d in (given if isinstance(given, (list, tuple)) else [given])}
         keep = bool(kwargs.get("keepdim", args[keep_at] if len(args) > keep_at else False))
         for d in reduced:

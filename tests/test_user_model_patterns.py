@@ -665,3 +665,42 @@ def test_a_torch_error_while_building_the_model_is_quoted_without_its_cpp_backtr
     [error] = layout_diagnostics(path, allow_model_outside_root=True)
     assert error.code.id == "TVP303" and "constructing Wide failed" in error.message
     assert "frame #" not in error.message and "Exception raised from" not in error.message
+
+
+NAMED = textwrap.dedent('''\
+    import torch
+    from torch import nn
+
+
+    class Named(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.register_parameter("NAME", nn.Parameter(torch.ones(4, 4) * 0.3))
+
+        def input_specs(self, batch, seq):
+            return {"x": ((batch, 4), torch.float32), "y": ((batch, 4), torch.float32)}
+
+        def forward(self, x, y):
+            return ((self.fc(x) @ getattr(self, "NAME") - y) ** 2).mean()
+''')
+
+
+@pytest.mark.parametrize("name,verdict", [("out", "verified"), ("labels", "verified"),
+                                          ("in", "error"), ("loss", "error")])
+def test_a_parameter_name_means_nothing_to_params(tmp_path: Path, name: str, verdict: str
+                                                  ) -> None:
+    """`grad(params)` left out a parameter named `out` or `in` (or starting `tokens`,
+    `labels`), read as a module boundary or a model input: a correct data-parallel plan was
+    a counterexample (TVP410). A parameter named with a Python keyword ended in an internal
+    error inside torch.export, one named `loss` in an IR error; both are TVP315 now."""
+    (tmp_path / "named.py").write_text(NAMED.replace("NAME", name), encoding="utf-8")
+    path = tmp_path / "named.tvp"
+    path.write_text('plan p\nspec "named.py:Named" batch 4\nspec-optimizer sgd lr=0.1\n'
+                    "mesh dp=2\nsplit x [dp, -]\nsplit y [dp, -]\n"
+                    "all-reduce grad(params) over dp op=avg\noptimizer sgd lr=0.1\n",
+                    encoding="utf-8")
+    found = check_file(path, allow_model_outside_root=True)
+    assert found.verdict == verdict, (found.reason, [d.message for d in found.diagnostics])
+    if verdict == "error":
+        assert [d.code.id for d in found.diagnostics] == ["TVP315"]

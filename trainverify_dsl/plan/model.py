@@ -187,7 +187,7 @@ class TensorPattern:
     """A resolved target: ``layers.*.attention.wq.weight``, ``layers[0:8]``, ``grad(params)``.
 
     ``params`` stands for every parameter; ``matches`` treats it as matching any concrete
-    path that is not an activation (``.out``/``.in``) or a model input.
+    path, and the callers ask it of parameters only (``is_params``).
     """
 
     segments: tuple[PatternSegment, ...]
@@ -225,7 +225,10 @@ class TensorPattern:
             return False
         parts = (grad_match.group(1) if grad_match else path).split(".")
         if self.segments == (NameSeg("params"),):
-            return parts[-1] not in ("out", "in") and parts[0] not in ("tokens", "labels")
+            # every path: the callers ask it of parameters only (the lowering keeps model
+            # inputs and module boundaries out of `params`, ``is_params``); a name means
+            # nothing here (a parameter called `out` or `in` is a parameter)
+            return True
         if len(parts) < len(self.segments) or (not prefix and len(parts) != len(self.segments)):
             return False
         pairs = zip(self.segments, parts, strict=False)

@@ -176,9 +176,21 @@ FROZEN_PARAMETER = Code(
     fix='# model code: self.register_buffer("scale", torch.ones(d))   # a constant',
 )
 
+UNUSABLE_NAME = Code(
+    "TVP315", "unusable-name", Severity.ERROR,
+    "a parameter or buffer named with a Python keyword, or named `loss`",
+    what="A parameter or buffer of the spec model has a Python keyword as a part of its name "
+         "(`self.register_parameter(\"in\", ...)`), which torch.export cannot trace, or is "
+         "named `loss`, the name plans and the training-step IR give the step's loss.",
+    why="The first ended in an internal error inside torch; the second in an IR error about "
+        "`loss` being defined twice. Neither says that the name is the problem.",
+    example='# model code: self.register_parameter("in", nn.Parameter(torch.ones(d)))',
+    fix='# model code: self.register_parameter("w_in", nn.Parameter(torch.ones(d)))',
+)
+
 CODES: tuple[Code, ...] = (
     MODEL_NOT_FOUND, CONFIG_NOT_FOUND, MODEL_LOAD_FAILED, UNSUPPORTED_OP,
     DATA_DEPENDENT_SHAPE, TRACE_FAILED, BAD_INPUT_SPEC, IR_INVALID, BLOCK_REUSE_FALLBACK,
     MODEL_OUTSIDE_ROOT, SIZE_READ, SHRUNK_BELOW_CONSTANT, FIXED_COUNT_ALONG_SPLIT,
-    FROZEN_PARAMETER,
+    FROZEN_PARAMETER, UNUSABLE_NAME,
 )

@@ -24,6 +24,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import keyword
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -348,6 +349,7 @@ def load_model(ref: str | ModelRef, config: str | None = None, *, fake: bool = T
                    f"{error_text(error)}", str(model_ref.file),
                    help="this model is built from a named config: pass --config NAME "
                         "(see stdlib/models/configs.json)" if needs_config else None) from None
+    _refuse_unusable_names(model, cls.__name__, str(model_ref.file))
     frozen = [name for name, p in getattr(model, "named_parameters", lambda: ())()
               if not p.requires_grad]
     if frozen:
@@ -361,6 +363,21 @@ def load_model(ref: str | ModelRef, config: str | None = None, *, fake: bool = T
                    str(model_ref.file), help="a constant is a buffer: `self.register_buffer("
                    "name, tensor)`; a weight that trains needs `requires_grad=True`")
     return model
+
+
+def _refuse_unusable_names(model: Any, cls: str, where: str) -> None:
+    """TVP315 for a parameter or buffer with a Python keyword in its name (torch.export's
+    generated code cannot name it) or named ``loss`` (the step's loss in plans and IR)."""
+    named = list(getattr(model, "named_parameters", lambda: ())()) + \
+        list(getattr(model, "named_buffers", lambda: ())())
+    for name, _ in named:
+        keywords = [part for part in name.split(".") if keyword.iskeyword(part)]
+        if keywords or name == "loss":
+            why = f"`{keywords[0]}` is a Python keyword, which torch.export cannot trace" \
+                if keywords else "`loss` is the name plans and the IR give the step's loss"
+            raise fail(codes.UNUSABLE_NAME, f"{cls}'s `{name}` cannot be checked under this "
+                       f"name: {why}", where, help="rename it in the model (for example "
+                       f"`{name.replace('.', '_')}_w`)")
 
 
 def unbatched_inputs(model: Any) -> frozenset[str]:

@@ -194,6 +194,19 @@ STACK_MODEL = textwrap.dedent('''\
             return ((h - y) ** 2).mean() + (torch.flip(h, dims=[DIM]) * y).mean()
 
 
+    class Looked(Net):  # rows of a table looked up by each rank's own (top-k) indices
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Parameter(torch.randn(4, 3) * 0.5)
+
+        def forward(self, x, y):
+            h = self.fc(x)
+            b, s, d = h.shape
+            _, idx = torch.topk(h, 2, dim=-1)
+            rows = torch.index_select(self.table, 0, idx.reshape(-1)).view(b, s, 6)
+            return ((rows.sum(-1, keepdim=True) * h - y) ** 2).mean()
+
+
     class Regrouped(Net):  # the joined rows read as pairs: a rank's pairs are not the spec's
         def forward(self, x, y):
             h = self.fc(x)
@@ -280,3 +293,14 @@ def test_a_helper_module_edited_between_two_checks_of_one_process_is_read_again(
     assert check_file(path, allow_model_outside_root=True).verdict == "verified"
     module.write_text("def combine(h):\n    return h * h.mean(0)\n", encoding="utf-8")
     assert check_file(path, allow_model_outside_root=True).verdict != "verified"
+
+
+def test_an_index_select_by_each_ranks_own_indices_is_verified(tmp_path: Path) -> None:
+    """`torch.index_select(table, 0, idx)` with `idx` split over dp (a lookup, as
+    `F.embedding`) was refused: "every rank needs the whole index"."""
+    (tmp_path / "net.py").write_text(STACK_MODEL, encoding="utf-8")
+    path = tmp_path / "looked.tvp"
+    path.write_text(PLAN.replace("net.py:Net", "net.py:Looked")
+                    .replace("batch 4 seq 4", "batch 4 seq 2"), encoding="utf-8")
+    assert layout_diagnostics(path, allow_model_outside_root=True) == []
+    assert check_file(path, allow_model_outside_root=True).verdict == "verified"

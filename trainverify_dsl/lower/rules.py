@@ -569,16 +569,17 @@ def _flip(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any)
 def _index_select(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
                   ) -> Result:
     """``index_select(x, dim, index)`` (``torch.roll`` is one): rows of a dimension whole on
-    every rank, by an index every rank holds whole; linear in ``x``."""
+    every rank, by a 1-d index; the result's dimension is laid out as the index (a lookup
+    of each rank's indices in a replicated table, as ``embedding``); linear in ``x``."""
     lay, index = ctx.layout(args[0]), ctx.layout(args[2])
     d = _ndim(args[1], lay.rank)
     _require_unsplit(lay, d, "index_select")
-    if index.partial or any(index.is_sharded(k) for k in range(index.rank)):
-        raise LayoutError(f"index_select by an index split as {index.describe()}: every "
-                          "rank needs the whole index")
+    if index.partial:
+        raise LayoutError(f"index_select by a partial index {index.describe()}")
     dims = list(lay.dims)
-    dims[d] = (Factor(int(out.shape[d])),)
-    return Result(replace(lay, dims=tuple(dims)), args, kwargs)
+    dims[d] = index.dims[0] if index.rank == 1 else (Factor(int(out.shape[d])),)
+    return Result(replace(lay, dims=tuple(dims), const=lay.const and index.const), args,
+                  kwargs)
 
 
 def _argmax(ctx: RuleCtx, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Result:

@@ -144,35 +144,64 @@ def _import_file(path: Path) -> ModuleType:
         _forget_edited_modules()  # records the digests of what the import brought in
 
 
-#: module name -> (file, digest of its bytes when first met) of every imported module that is
-#: Python source outside the interpreter's installation and this package: model files, the
-#: helper modules they import, the shipped models
-_MET: dict[str, tuple[str, str]] = {}
+#: module name -> (the module object's id, its file when it is Python source outside the
+#: interpreter's installation and this package — model files, the helper modules they
+#: import, the shipped models — else ``None``): classified once per module object
+_KIND: dict[str, tuple[int, Path | None]] = {}
+#: user module name -> ((mtime, size) and digest of its file's bytes when first met)
+_MET: dict[str, tuple[tuple[int, int], str]] = {}
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def _user_file(module: Any) -> Path | None:
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str) or not file.endswith(".py"):
+        return None
+    where = Path(file).resolve()
+    installed = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    if _within(where, _PACKAGE_DIR) or any(_within(where, root) for root in installed):
+        return None
+    return where
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        found = path.stat()
+    except OSError:
+        return (-1, -1)
+    return (found.st_mtime_ns, found.st_size)
 
 
 def _forget_edited_modules() -> None:
     """Drop from ``sys.modules`` every user module whose file changed since it was met, and
     then every model file imported (they may have bound the old code): a process that checks
     again after ``helper.py``, which the model imports, was edited runs the edited code. A
-    model file's own edits are met by its name (``_import_by_path``)."""
-    installed = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    model file's own edits are met by its name (``_import_by_path``). A file is read again
+    only when its modification time or size changed."""
     edited = False
     for name, module in list(sys.modules.items()):
-        file = getattr(module, "__file__", None)
-        if not file or not file.endswith(".py"):
+        kind = _KIND.get(name)
+        if kind is None or kind[0] != id(module):
+            kind = _KIND[name] = (id(module), _user_file(module))
+        where = kind[1]
+        if where is None:
             continue
-        where = Path(file).resolve()
-        if _within(where, _PACKAGE_DIR) or any(_within(where, root) for root in installed):
-            continue
-        now = (str(where), _digest(where))
-        if _MET.setdefault(name, now) != now:
-            edited = True
-            del sys.modules[name], _MET[name]
+        stamp = _stamp(where)
+        met = _MET.get(name)
+        if met is None:
+            _MET[name] = (stamp, _digest(where))
+        elif met[0] != stamp:
+            digest = _digest(where)
+            if digest == met[1]:
+                _MET[name] = (stamp, digest)  # touched, not changed
+            else:
+                edited = True
+                del sys.modules[name], _MET[name], _KIND[name]
     if edited:
         for name in [n for n in sys.modules if n.startswith(_USER_PREFIX)]:
             del sys.modules[name]
             _MET.pop(name, None)
+            _KIND.pop(name, None)
 
 
 def _digest(path: Path) -> str:

@@ -304,3 +304,50 @@ def test_an_index_select_by_each_ranks_own_indices_is_verified(tmp_path: Path) -
                     .replace("batch 4 seq 4", "batch 4 seq 2"), encoding="utf-8")
     assert layout_diagnostics(path, allow_model_outside_root=True) == []
     assert check_file(path, allow_model_outside_root=True).verdict == "verified"
+
+
+SDPA_MODEL = textwrap.dedent('''\
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+
+    class Attn(nn.Module):
+        def __init__(self, d=4):
+            super().__init__()
+            self.d = d
+            self.wq = nn.Linear(d, d, bias=False)
+            self.wo = nn.Linear(d, d, bias=False)
+
+        def input_specs(self, batch, seq):
+            return {"x": ((batch, seq, self.d), torch.float32),
+                    "y": ((batch, seq, self.d), torch.float32)}
+
+        def forward(self, x, y):
+            b, s, d = x.shape
+            q = self.wq(x).view(b, s, 2, -1).transpose(1, 2)
+            h = x.view(b, s, 2, -1).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, h, h).transpose(1, 2).reshape(b, s, d)
+            return F.mse_loss(self.wo(o), y, reduction="sum")
+''')
+
+
+def test_a_weight_expanded_along_the_batch_gets_a_partial_gradient(tmp_path: Path) -> None:
+    """`self.wo(o)` on the transposed heads of `F.scaled_dot_product_attention` is an
+    `expand` of the weight to the batch and a `bmm`: the layout pass took the expanded
+    weight to run along the split batch, so its gradient was complete over dp — TVP406 on
+    the right `op=sum` plan, and no TVP410 when the reduction is missing (only the numbers
+    found that)."""
+    (tmp_path / "attn.py").write_text(SDPA_MODEL, encoding="utf-8")
+    text = ('plan p\nspec "attn.py:Attn" batch 4 seq 3\nspec-optimizer sgd lr=0.1\n'
+            "mesh dp=2\nloss-reduction sum scale=1\nsplit x [dp, -, -]\nsplit y [dp, -, -]\n"
+            "all-reduce grad(params) over dp op=sum\noptimizer sgd lr=0.1\n")
+    right = tmp_path / "right.tvp"
+    right.write_text(text, encoding="utf-8")
+    assert layout_diagnostics(right, allow_model_outside_root=True) == []
+    missing = tmp_path / "missing.tvp"
+    missing.write_text(text.replace("all-reduce grad(params) over dp op=sum\n", ""),
+                       encoding="utf-8")
+    found = layout_diagnostics(missing, allow_model_outside_root=True)
+    assert any(d.code.id == "TVP410" and "`wo.weight`" in " ".join((d.message,) + d.notes)
+               for d in found), found

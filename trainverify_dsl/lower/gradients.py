@@ -77,15 +77,24 @@ def covered_dims(name: str, index: int, operand: TLayout, out: TLayout) -> set[i
     if name == "aten.addmm":
         return {1} if index in (0, 2) else {0}
     if name == "aten.bmm":
-        return {0, 1} if index == 0 else {0, 2}
+        # an operand expanded along the batch (a weight: `linear` on a 3-d input that is not
+        # contiguous) holds one value there: it does not run along the batch
+        batch = set() if _broadcast(operand.dims[0]) else {0}
+        return batch | ({1} if index == 0 else {2})
     if name == "aten.embedding":
         return {out.rank - 1} if index == 0 else set(range(out.rank - 1))
     if name in ("aten.mul", "aten.add", "aten.sub", "aten.div", "aten.where"):
         shape, out_shape = operand.global_shape(), out.global_shape()
         offset = out.rank - operand.rank
         return {d for d in range(out.rank) if d - offset >= 0 and shape[d - offset] ==
-                out_shape[d] and shape[d - offset] > 1}
+                out_shape[d] and shape[d - offset] > 1 and
+                not _broadcast(operand.dims[d - offset])}
     return None
+
+
+def _broadcast(dim: Any) -> bool:
+    """A dimension ``expand`` made from size 1, unsplit: one value repeated."""
+    return len(dim) == 1 and dim[0].broadcast and not dim[0].axes
 
 
 #: Ops whose backward gives their operand no gradient (``x.detach()``)

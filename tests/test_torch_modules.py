@@ -351,3 +351,22 @@ def test_a_weight_expanded_along_the_batch_gets_a_partial_gradient(tmp_path: Pat
     found = layout_diagnostics(missing, allow_model_outside_root=True)
     assert any(d.code.id == "TVP410" and "`wo.weight`" in " ".join((d.message,) + d.notes)
                for d in found), found
+
+
+def test_an_op_without_a_layout_rule_names_the_models_line(tmp_path: Path) -> None:
+    """TVP403 pointed at the plan's `split` line and "in the spec model at `(root)`": the
+    model line computing the op is a note now."""
+    (tmp_path / "net.py").write_text(STACK_MODEL.replace(
+        "class Regrouped(Net):",
+        "class Cumulative(Net):\n"
+        "    def forward(self, x, y):\n"
+        "        return ((torch.cumprod(self.fc(x), 0) - y) ** 2).mean()  # LINE\n\n\n"
+        "class Regrouped(Net):"), encoding="utf-8")
+    path = tmp_path / "cumprod.tvp"
+    path.write_text(PLAN.replace("net.py:Net", "net.py:Cumulative")
+                    .replace("batch 4 seq 4", "batch 4 seq 2"), encoding="utf-8")
+    [error] = layout_diagnostics(path, allow_model_outside_root=True)
+    line = next(i for i, t in enumerate((tmp_path / "net.py").read_text().splitlines(), 1)
+                if "# LINE" in t)
+    assert error.code.id == "TVP403"
+    assert f"computed by the model's code at {tmp_path / 'net.py'}:{line}" in error.notes

@@ -55,6 +55,7 @@ from trainverify_dsl.report import codes_lower, codes_plan
 from trainverify_dsl.report.diagnostics import Code
 from trainverify_dsl.report.span import Span
 from trainverify_dsl.spec.convert import packet_name
+from trainverify_dsl.spec.fx_import import user_frame
 from trainverify_dsl.spec.marks import module_of
 
 
@@ -596,10 +597,13 @@ class _Lowering:
         except LayoutError as error:
             blamed = self._operand_cause(node, error) or (
                 self.cause_for(error.axes) if error.axes else self.current_cause)
+            frame = user_frame(node.meta.get("stack_trace"))
             raise LoweringError(Finding(codes_lower.LAYOUT_MISMATCH,
                                         f"{name.removeprefix('aten.')} in "
                                         f"{self._where()}: {error}", blamed,
-                                        self._where())) from None
+                                        self._where(), notes=(f"computed by the model's code "
+                                                              f"at {frame}",) if frame else ()
+                                        )) from None
         args = torch.fx.node.map_aggregate(result.args, lambda a: self.value(self.stage, a))
         kwargs = torch.fx.node.map_aggregate(result.kwargs,
                                              lambda a: self.value(self.stage, a))

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from trainverify_dsl.api import check_file, layout_diagnostics
-from trainverify_dsl.spec.decompose import convolution
+from trainverify_dsl.spec.decompose import convolution, vector_norm
 
 MODEL = textwrap.dedent('''\
     import torch
@@ -370,3 +370,36 @@ def test_an_op_without_a_layout_rule_names_the_models_line(tmp_path: Path) -> No
                 if "# LINE" in t)
     assert error.code.id == "TVP403"
     assert f"computed by the model's code at {tmp_path / 'net.py'}:{line}" in error.notes
+
+
+@pytest.mark.parametrize("ord,dim,keepdim", [(2, -1, True), (2, None, False), (1, (0, 2), False),
+                                             (float("inf"), 1, True), (3, -1, False)])
+def test_the_vector_norm_decomposition_is_torchs_norm(ord: float, dim: object, keepdim: bool
+                                                      ) -> None:
+    """`torch.norm` / `F.normalize` (`aten.linalg_vector_norm`) had no IR op (TVP403 or
+    TVP304: QK-norm, cosine similarity, weight norm); it is its arithmetic now."""
+    torch.manual_seed(1)
+    x = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    ours = vector_norm(x, ord, dim, keepdim)
+    theirs = torch.linalg.vector_norm(x, ord, dim, keepdim)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    cotangent = torch.randn(ours.shape, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad(ours, x, cotangent)[0],
+                               torch.autograd.grad(theirs, x, cotangent)[0],
+                               rtol=1e-10, atol=1e-12)
+    assert vector_norm(x, 0) is NotImplemented
+
+
+def test_a_normalised_projection_under_data_parallelism_is_verified(tmp_path: Path) -> None:
+    (tmp_path / "net.py").write_text(STACK_MODEL.replace(
+        "class Regrouped(Net):",
+        "class Normalised(Net):\n"
+        "    def forward(self, x, y):\n"
+        "        h = torch.nn.functional.normalize(self.fc(x), dim=-1)\n"
+        "        return ((h * torch.norm(self.fc.weight) - y) ** 2).mean()\n\n\n"
+        "class Regrouped(Net):"), encoding="utf-8")
+    path = tmp_path / "normalised.tvp"
+    path.write_text(PLAN.replace("net.py:Net", "net.py:Normalised")
+                    .replace("batch 4 seq 4", "batch 4 seq 2"), encoding="utf-8")
+    assert layout_diagnostics(path, allow_model_outside_root=True) == []
+    assert check_file(path, allow_model_outside_root=True).verdict == "verified"

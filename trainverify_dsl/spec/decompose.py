@@ -1,5 +1,7 @@
 """Decompositions of our own, beside Core ATen's, in the one table of both programs.
 
+``linalg_vector_norm`` (``torch.norm``, ``F.normalize``) as its arithmetic (``vector_norm``).
+
 ``convolution`` (``nn.Conv1d``, ``nn.Conv2d``, ``nn.Conv3d``, ``F.conv*d``) as one batched
 matrix product over the gathered windows (im2col): the input padded with zeros along its
 spatial dimensions (``cat``), one strided ``slice`` per kernel position, the windows stacked
@@ -64,10 +66,30 @@ def convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return result
 
 
+def vector_norm(x: torch.Tensor, ord: float = 2, dim: Any = None, keepdim: bool = False,
+                *, dtype: Any = None) -> Any:
+    """``aten.linalg_vector_norm`` (``torch.norm``, ``F.normalize``, QK-norm, weight norm) as
+    its arithmetic: ``sqrt(sum(x * x))`` for the 2-norm, ``amax(|x|)`` for the max norm,
+    ``sum(|x|^p)^(1/p)`` otherwise; the count of non-zeros (``ord=0``) and the min norm are
+    left to ATen (met as an op without a converter)."""
+    if dtype is not None or ord in (0, float("-inf")) or isinstance(ord, bool):
+        return NotImplemented
+    dims = list(range(x.dim())) if dim is None or dim == [] else \
+        ([dim] if isinstance(dim, int) else list(dim))
+    if ord == float("inf"):
+        return aten.amax(aten.abs(x), dims, keepdim)
+    if ord == 2:
+        return aten.sqrt(aten.sum(aten.mul(x, x), dims, keepdim))
+    if ord == 1:
+        return aten.sum(aten.abs(x), dims, keepdim)
+    return aten.pow(aten.sum(aten.pow(aten.abs(x), ord), dims, keepdim), 1.0 / ord)
+
+
 def _per_dim(value: Sequence[int], spatial: int) -> list[int]:
     value = list(value)
     return value * spatial if len(value) == 1 else value
 
 
 #: (overload, decomposition) of this module, added to the shared table (``spec/trace.py``)
-DECOMPOSITIONS = {aten.convolution.default: convolution}
+DECOMPOSITIONS = {aten.convolution.default: convolution,
+                  aten.linalg_vector_norm.default: vector_norm}

@@ -216,6 +216,17 @@ STACK_MODEL = textwrap.dedent('''\
 ''')
 
 
+def stack_plan(tmp_path: Path, cls: str, extra: str = "") -> Path:
+    """`STACK_MODEL` (with the class ``extra`` added) as `net.py`, and the data-parallel plan
+    of its class ``cls``."""
+    (tmp_path / "net.py").write_text(STACK_MODEL.replace(
+        "class Regrouped(Net):", f"{extra}\n\nclass Regrouped(Net):"), encoding="utf-8")
+    path = tmp_path / f"{cls.lower()}.tvp"
+    path.write_text(PLAN.replace("net.py:Net", f"net.py:{cls}")
+                    .replace("batch 4 seq 4", "batch 4 seq 2"), encoding="utf-8")
+    return path
+
+
 def test_a_stack_of_split_rows_is_verified_and_rows_regrouped_across_ranks_are_refused(
         tmp_path: Path) -> None:
     """`torch.stack([h, 2 * h])` of the split batch is `cat` along the split dimension, then
@@ -298,10 +309,7 @@ def test_a_helper_module_edited_between_two_checks_of_one_process_is_read_again(
 def test_an_index_select_by_each_ranks_own_indices_is_verified(tmp_path: Path) -> None:
     """`torch.index_select(table, 0, idx)` with `idx` split over dp (a lookup, as
     `F.embedding`) was refused: "every rank needs the whole index"."""
-    (tmp_path / "net.py").write_text(STACK_MODEL, encoding="utf-8")
-    path = tmp_path / "looked.tvp"
-    path.write_text(PLAN.replace("net.py:Net", "net.py:Looked")
-                    .replace("batch 4 seq 4", "batch 4 seq 2"), encoding="utf-8")
+    path = stack_plan(tmp_path, "Looked")
     assert layout_diagnostics(path, allow_model_outside_root=True) == []
     assert check_file(path, allow_model_outside_root=True).verdict == "verified"
 
@@ -356,15 +364,10 @@ def test_a_weight_expanded_along_the_batch_gets_a_partial_gradient(tmp_path: Pat
 def test_an_op_without_a_layout_rule_names_the_models_line(tmp_path: Path) -> None:
     """TVP403 pointed at the plan's `split` line and "in the spec model at `(root)`": the
     model line computing the op is a note now."""
-    (tmp_path / "net.py").write_text(STACK_MODEL.replace(
-        "class Regrouped(Net):",
+    path = stack_plan(tmp_path, "Cumulative", (
         "class Cumulative(Net):\n"
         "    def forward(self, x, y):\n"
-        "        return ((torch.cumprod(self.fc(x), 0) - y) ** 2).mean()  # LINE\n\n\n"
-        "class Regrouped(Net):"), encoding="utf-8")
-    path = tmp_path / "cumprod.tvp"
-    path.write_text(PLAN.replace("net.py:Net", "net.py:Cumulative")
-                    .replace("batch 4 seq 4", "batch 4 seq 2"), encoding="utf-8")
+        "        return ((torch.cumprod(self.fc(x), 0) - y) ** 2).mean()  # LINE\n"))
     [error] = layout_diagnostics(path, allow_model_outside_root=True)
     line = next(i for i, t in enumerate((tmp_path / "net.py").read_text().splitlines(), 1)
                 if "# LINE" in t)
@@ -391,15 +394,10 @@ def test_the_vector_norm_decomposition_is_torchs_norm(ord: float, dim: object, k
 
 
 def test_a_normalised_projection_under_data_parallelism_is_verified(tmp_path: Path) -> None:
-    (tmp_path / "net.py").write_text(STACK_MODEL.replace(
-        "class Regrouped(Net):",
+    path = stack_plan(tmp_path, "Normalised", (
         "class Normalised(Net):\n"
         "    def forward(self, x, y):\n"
         "        h = torch.nn.functional.normalize(self.fc(x), dim=-1)\n"
-        "        return ((h * torch.norm(self.fc.weight) - y) ** 2).mean()\n\n\n"
-        "class Regrouped(Net):"), encoding="utf-8")
-    path = tmp_path / "normalised.tvp"
-    path.write_text(PLAN.replace("net.py:Net", "net.py:Normalised")
-                    .replace("batch 4 seq 4", "batch 4 seq 2"), encoding="utf-8")
+        "        return ((h * torch.norm(self.fc.weight) - y) ** 2).mean()\n"))
     assert layout_diagnostics(path, allow_model_outside_root=True) == []
     assert check_file(path, allow_model_outside_root=True).verdict == "verified"

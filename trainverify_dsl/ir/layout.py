@@ -53,6 +53,13 @@ class Factor:
 Dim = tuple[Factor, ...]
 
 
+def broadcast_dim(dim: Dim) -> bool:
+    """One factor ``expand`` made from size 1, unsplit: one value repeated, so any block of
+    it is a shorter broadcast (an operand may be cut to fit a split partner) and an op
+    reading it does not run along it (its gradient sums over the dimension)."""
+    return len(dim) == 1 and dim[0].broadcast and not dim[0].axes
+
+
 class LayoutError(ValueError):
     """A layout that cannot be propagated (the message says why). ``axes``: the mesh axes
     whose splits disagree, when known: the lowering blames the statement that brought them

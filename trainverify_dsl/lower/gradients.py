@@ -57,7 +57,7 @@ from fractions import Fraction
 from typing import Any
 
 from trainverify_dsl.ir.collectives import COLLECTIVES
-from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout
+from trainverify_dsl.ir.layout import MICROBATCH_AXIS, TLayout, broadcast_dim
 from trainverify_dsl.lower.findings import Finding
 from trainverify_dsl.plan.model import PIPELINE_AXIS
 from trainverify_dsl.report import codes_lower
@@ -79,7 +79,7 @@ def covered_dims(name: str, index: int, operand: TLayout, out: TLayout) -> set[i
     if name == "aten.bmm":
         # an operand expanded along the batch (a weight: `linear` on a 3-d input that is not
         # contiguous) holds one value there: it does not run along the batch
-        batch = set() if _broadcast(operand.dims[0]) else {0}
+        batch = set() if broadcast_dim(operand.dims[0]) else {0}
         return batch | ({1} if index == 0 else {2})
     if name == "aten.embedding":
         return {out.rank - 1} if index == 0 else set(range(out.rank - 1))
@@ -88,13 +88,8 @@ def covered_dims(name: str, index: int, operand: TLayout, out: TLayout) -> set[i
         offset = out.rank - operand.rank
         return {d for d in range(out.rank) if d - offset >= 0 and shape[d - offset] ==
                 out_shape[d] and shape[d - offset] > 1 and
-                not _broadcast(operand.dims[d - offset])}
+                not broadcast_dim(operand.dims[d - offset])}
     return None
-
-
-def _broadcast(dim: Any) -> bool:
-    """A dimension ``expand`` made from size 1, unsplit: one value repeated."""
-    return len(dim) == 1 and dim[0].broadcast and not dim[0].axes
 
 
 #: Ops whose backward gives their operand no gradient (``x.detach()``)

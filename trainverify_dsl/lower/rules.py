@@ -24,6 +24,7 @@ from trainverify_dsl.ir.layout import (
     Factor,
     LayoutError,
     TLayout,
+    broadcast_dim,
     normalize_dim,
     reshape_dims,
     same_dim,
@@ -172,21 +173,17 @@ def _conform(ctx: RuleCtx, value: Any, target: tuple[Dim, ...]) -> Any:
         want = target[k + offset]
         if same_dim(dim, want) or (lay.global_shape()[k] == 1 and not any(f.axes for f in dim)):
             continue
-        if (lay.const or _broadcast_dim(dim)) and not any(f.axes for f in dim):
+        if (lay.const or broadcast_dim(dim)) and not any(f.axes for f in dim):
             return ctx.adapt(value, lay, _fitted(lay, target[offset:]))
         raise LayoutError(f"operand split as {lay.describe()} meets an operand split as "
                           f"{TLayout(target).describe()}: redistribute one of them first")
     return value
 
 
-def _broadcast_dim(dim: Dim) -> bool:
-    return len(dim) == 1 and dim[0].broadcast
-
-
 def _fitted(lay: TLayout, target: tuple[Dim, ...]) -> TLayout:
     """``lay`` with every dimension that may be cut (constant tables, broadcasts) taking the
     target's split; the others as they are."""
-    dims = tuple(t if (lay.const or _broadcast_dim(d)) and not any(f.axes for f in d) and
+    dims = tuple(t if (lay.const or broadcast_dim(d)) and not any(f.axes for f in d) and
                  not same_dim(d, t) else d for d, t in zip(lay.dims, target, strict=True))
     return TLayout(dims, lay.partial, lay.const, lay.cause)
 
@@ -434,7 +431,7 @@ def _batch_fitted(ctx: RuleCtx, args: tuple[Any, ...], a: TLayout, b: TLayout
     is cut to its partner's split, as an elementwise op cuts it (``_conform``)."""
     for i, (mine, other) in enumerate(((a, b), (b, a))):
         dim = mine.dims[0]
-        if (mine.const or _broadcast_dim(dim)) and not any(f.axes for f in dim):
+        if (mine.const or broadcast_dim(dim)) and not any(f.axes for f in dim):
             fitted = TLayout((other.dims[0],) + mine.dims[1:], mine.partial, mine.const,
                              mine.cause)
             new = list(args)

@@ -233,15 +233,10 @@ def test_a_stack_of_split_rows_is_verified_and_rows_regrouped_across_ranks_are_r
     a view: refused (TVP403, "cat along dimension 0, which is split over dp") although each
     rank stacks its own rows. Pieces split alike join as an outer factor now; reading the
     joined rows in another grouping is still a layout error."""
-    (tmp_path / "net.py").write_text(STACK_MODEL, encoding="utf-8")
-    stacked = tmp_path / "stacked.tvp"
-    stacked.write_text(PLAN.replace("net.py:Net", "net.py:Stacked")
-                       .replace("batch 4 seq 4", "batch 4 seq 2"), encoding="utf-8")
+    stacked = stack_plan(tmp_path, "Stacked")
     assert layout_diagnostics(stacked, allow_model_outside_root=True) == []
     assert check_file(stacked, allow_model_outside_root=True).verdict == "verified"
-    regrouped = tmp_path / "regrouped.tvp"
-    regrouped.write_text(stacked.read_text(encoding="utf-8").replace("Stacked", "Regrouped"),
-                         encoding="utf-8")
+    regrouped = stack_plan(tmp_path, "Regrouped")
     assert [d.code.id for d in layout_diagnostics(regrouped, allow_model_outside_root=True)
             ] == ["TVP403"]
 

@@ -396,3 +396,20 @@ def test_a_normalised_projection_under_data_parallelism_is_verified(tmp_path: Pa
         "        return ((h * torch.norm(self.fc.weight) - y) ** 2).mean()\n"))
     assert layout_diagnostics(path, allow_model_outside_root=True) == []
     assert check_file(path, allow_model_outside_root=True).verdict == "verified"
+
+
+def test_group_normalisation_under_data_parallelism_is_verified(tmp_path: Path) -> None:
+    """`nn.GroupNorm` had no layout rule (`native_group_norm`); it is its arithmetic now
+    (torch's decomposition, in the one table), its statistics per row: a split batch is
+    fine. (With `affine=True` on a transposed input torch's decomposition meets an
+    `as_strided`, which has no layout rule: TVP403.)"""
+    path = stack_plan(tmp_path, "Grouped", (
+        "class Grouped(Net):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.norm = nn.GroupNorm(2, 4, affine=False)\n\n"
+        "    def forward(self, x, y):\n"
+        "        h = self.norm(self.fc(x).transpose(1, 2)).transpose(1, 2)\n"
+        "        return ((h - y) ** 2).mean()\n"))
+    assert layout_diagnostics(path, allow_model_outside_root=True) == []
+    assert check_file(path, allow_model_outside_root=True).verdict == "verified"

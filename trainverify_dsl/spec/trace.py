@@ -171,7 +171,9 @@ def _decomposition_table() -> dict[Any, Any]:
         # training mode with running statistics the forward writes them (TVP304)
         torch.ops.aten._native_batch_norm_legit.no_stats,
         torch.ops.aten._native_batch_norm_legit.default,
-        torch.ops.aten._native_batch_norm_legit_no_training.default]))
+        torch.ops.aten._native_batch_norm_legit_no_training.default,
+        # group normalisation likewise: var_mean over each group's channels and positions
+        torch.ops.aten.native_group_norm.default]))
     # `detach` stops the gradient; Core ATen's table turns it into `alias`, and the forward
     # is differentiated after decomposing: `h * sigmoid(h).detach()` got the gradient
     # through the detached factor too (the reference check said the trusted base was wrong)

@@ -201,10 +201,12 @@ def _grad_spans(program: ParallelProgram) -> dict[str, Span | None]:
     statement that distributes the parameter. A statement that runs before the last
     microbatch (``after=k``, ``k`` below the microbatches) leaves the later microbatches'
     contributions out of what it reduces: when one acts on the parameter, the difference
-    is reported there (the statements after it receive what it left). A parameter no
-    statement names is reported where the backward seed is stated (``loss-scale``, else
-    ``microbatches``), else at the loss."""
-    fallback = program.seed_origin.span or program.loss.origin.span
+    is reported there (the statements after it receive what it left). In a plan that splits
+    no data, a parameter no statement names is reported where the backward seed is stated
+    (``loss-scale``, else ``microbatches``): the seed is then all that scales its gradient.
+    With data split, such a gradient most likely lacks its reduction, which no line states
+    (the layout pass's TVP410 stands at the split)."""
+    fallback = None if program.loss.data_axes else program.seed_origin.span
     spans: dict[str, Span | None] = {p: fallback for p, _ in program.param_layouts}
     spans.update((p, s.span) for p, s in program.param_sources)
     early: set[str] = set()

@@ -413,3 +413,21 @@ def test_group_normalisation_under_data_parallelism_is_verified(tmp_path: Path) 
         "        return ((h - y) ** 2).mean()\n"))
     assert layout_diagnostics(path, allow_model_outside_root=True) == []
     assert check_file(path, allow_model_outside_root=True).verdict == "verified"
+
+
+def test_a_nan_constant_of_the_step_is_inconclusive_not_an_internal_error(tmp_path: Path
+                                                                           ) -> None:
+    """`F.kl_div` (without `log_target`) decomposes through `xlogy`, which builds a NaN
+    constant for the branch `isnan` never takes: on a plan splitting nothing the proof read
+    it and `tvp check` ended in an internal error ("NonReal: a NaN constant")."""
+    path = stack_plan(tmp_path, "Divergent", (
+        "class Divergent(Net):\n"
+        "    def forward(self, x, y):\n"
+        "        p = torch.log_softmax(self.fc(x), -1)\n"
+        "        return torch.nn.functional.kl_div(p, torch.softmax(y, -1), "
+        "reduction='mean')\n"))
+    path.write_text("\n".join(line for line in path.read_text(encoding="utf-8").splitlines()
+                              if not line.startswith(("split", "all-reduce"))) + "\n",
+                    encoding="utf-8")
+    verdict = check_file(path, allow_model_outside_root=True)
+    assert verdict.verdict == "inconclusive" and "NaN" in verdict.reason, verdict.reason

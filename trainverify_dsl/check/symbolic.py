@@ -612,9 +612,9 @@ class SymbolicDomain(Domain):
                 out = OPS[node.op].evaluate(operands, node.attr_map())
             else:
                 out = encoding(args, node.attr_map(), node)  # type: ignore[operator]
+            return floats(out) if is_float(node.dtype) else out  # a NaN result: NonReal
         except NonReal as error:
             raise Unsupported(f"`{node.op}`: {error} (no real-number meaning)") from None
-        return floats(out) if is_float(node.dtype) else out
 
     def collective(self, op: str, per_rank: list[tuple[Any, ...]], attrs: Mapping[str, Any]
                    ) -> list[Any]:

@@ -173,17 +173,23 @@ def _conform(ctx: RuleCtx, value: Any, target: tuple[Dim, ...]) -> Any:
         want = target[k + offset]
         if same_dim(dim, want) or (lay.global_shape()[k] == 1 and not any(f.axes for f in dim)):
             continue
-        if (lay.const or broadcast_dim(dim)) and not any(f.axes for f in dim):
+        if _cuttable(lay, dim):
             return ctx.adapt(value, lay, _fitted(lay, target[offset:]))
         raise LayoutError(f"operand split as {lay.describe()} meets an operand split as "
                           f"{TLayout(target).describe()}: redistribute one of them first")
     return value
 
 
+def _cuttable(lay: TLayout, dim: Dim) -> bool:
+    """Whether dimension ``dim`` of a value laid out as ``lay`` may be cut to fit a split
+    partner: unsplit, and a broadcast or part of a constant table (Rule 4.2)."""
+    return (lay.const or broadcast_dim(dim)) and not any(f.axes for f in dim)
+
+
 def _fitted(lay: TLayout, target: tuple[Dim, ...]) -> TLayout:
     """``lay`` with every dimension that may be cut (constant tables, broadcasts) taking the
     target's split; the others as they are."""
-    dims = tuple(t if (lay.const or broadcast_dim(d)) and not any(f.axes for f in d) and
+    dims = tuple(t if _cuttable(lay, d) and
                  not same_dim(d, t) else d for d, t in zip(lay.dims, target, strict=True))
     return TLayout(dims, lay.partial, lay.const, lay.cause)
 
@@ -431,7 +437,7 @@ def _batch_fitted(ctx: RuleCtx, args: tuple[Any, ...], a: TLayout, b: TLayout
     is cut to its partner's split, as an elementwise op cuts it (``_conform``)."""
     for i, (mine, other) in enumerate(((a, b), (b, a))):
         dim = mine.dims[0]
-        if (mine.const or broadcast_dim(dim)) and not any(f.axes for f in dim):
+        if _cuttable(mine, dim):
             fitted = TLayout((other.dims[0],) + mine.dims[1:], mine.partial, mine.const,
                              mine.cause)
             new = list(args)

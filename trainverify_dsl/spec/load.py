@@ -151,6 +151,8 @@ _KIND: dict[str, tuple[int, Path | None]] = {}
 #: user module name -> ((mtime, size) and digest of its file's bytes when first met)
 _MET: dict[str, tuple[tuple[int, int], str]] = {}
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
+#: the interpreter's installation (its standard library and site-packages)
+_INSTALLED = frozenset(Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix))
 
 
 def _user_file(module: Any) -> Path | None:
@@ -158,8 +160,7 @@ def _user_file(module: Any) -> Path | None:
     if not isinstance(file, str) or not file.endswith(".py"):
         return None
     where = Path(file).resolve()
-    installed = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    if _within(where, _PACKAGE_DIR) or any(_within(where, root) for root in installed):
+    if _within(where, _PACKAGE_DIR) or any(_within(where, root) for root in _INSTALLED):
         return None
     return where
 

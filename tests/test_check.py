@@ -33,6 +33,8 @@ VERIFIED_PLANS = ["mlp_tiny_dp", "mlp_dp_tp", "mlp_tp_gather_output", "mlp_tiny_
                   pytest.param("llama_tiny_smoothing", marks=pytest.mark.slow),
                   pytest.param("llama_tiny_masked", marks=pytest.mark.slow),
                   pytest.param("llama_tiny_tied", marks=pytest.mark.slow),
+                  # parameter groups on both sides (docs/semantics.md §6.5)
+                  pytest.param("llama_tiny_nowd", marks=pytest.mark.slow),
                   # LayerNorm and GELU: proven since both programs decompose alike
                   # (spec/trace.py ``decompositions``)
                   pytest.param("gpt2_tiny_tp", marks=pytest.mark.slow),

@@ -40,7 +40,9 @@ CORRECT = ["plans/mlp_tiny_dp.tvp", "plans/llama_tiny_tp.tvp", "plans/llama_tiny
            # a label-smoothed loss through the vocab-parallel cross-entropy
            "plans/llama_tiny_smoothing.tvp",
            # a tied embedding on two stages, summed over the embedding group (pp), ZeRO-1
-           "plans/llama_tiny_tied.tvp"]
+           "plans/llama_tiny_tied.tvp",
+           # AdamW parameter groups on both sides (torch.optim param_groups)
+           "plans/llama_tiny_nowd.tvp"]
 #: bug plans checked in the fast run: gradient accumulation, a pipeline send, a collective's
 #: stated backward
 FAST_BUGS = ["plans/bugs/loss_not_scaled.tvp", "plans/bugs/send_wrong_stage.tvp",
@@ -63,6 +65,7 @@ NOT_LOWERABLE = ["plans/bugs/allgather_instead_of_allreduce.tvp",
 #: lint` rejects, a loss reduction other than the local mean
 REFUSED = {"plans/bugs/interleaved_without_virtual_stages.tvp": "the plan has errors",
            "plans/bugs/optimizer_eps_differs.tvp": "the plan has errors",
+           "plans/bugs/weight_decay_on_norms.tvp": "the plan has errors",
            "plans/bugs/loss_divided_by_padded_tokens.tvp": "is not run by the oracle",
            "plans/bugs/optimizer_lr_on_one_rank.tvp": "are not run by the oracle"}
 #: bug plans whose effect on the compared tensors is small: a clip coefficient off by a fifth

@@ -29,7 +29,7 @@ from trainverify_dsl.lower.diagnose import to_diagnostic
 from trainverify_dsl.lower.findings import LoweringError
 from trainverify_dsl.lower.lowering import Lowered, lower
 from trainverify_dsl.lower.program import parallel_program
-from trainverify_dsl.plan.model import Plan
+from trainverify_dsl.plan.model import Plan, group_of
 from trainverify_dsl.report.codes_run import OVER_BUDGET
 from trainverify_dsl.report.diagnostics import Diagnostic, Severity
 from trainverify_dsl.report.span import Span
@@ -327,10 +327,22 @@ def _size_reads(setup: SimulationSetup, binding: Any, fallback: Span) -> list[Di
 # -- tvp simulate ---------------------------------------------------------------------------
 
 
-def spec_optimizer(plan: Plan) -> optim.Optimizer | None:
-    """The reference step's optimizer: the plan's ``spec-optimizer`` recipe, or ``None``."""
+def spec_optimizer(plan: Plan, model: Any = None) -> optim.Recipe | None:
+    """The reference step's optimizer: the plan's ``spec-optimizer`` recipe, with its
+    parameter groups (§6.5) over ``model``'s parameters, or ``None``."""
     opt = plan.spec_optimizer
-    return None if opt is None else optim.optimizer_config(opt.kind, dict(opt.hyper), opt.clip)
+    if opt is None:
+        return None
+    default = optim.optimizer_config(opt.kind, dict(opt.hyper), opt.clip)
+    if not plan.spec_param_groups:
+        return default
+    if model is None:
+        raise ValueError("the spec's parameter groups need the model's parameters")
+    names = [name for name, _ in model.named_parameters()]
+    groups = tuple((frozenset(n for n in names if group_of(plan.spec_param_groups, n) is g),
+                    optim.optimizer_config(opt.kind, dict(g.optimizer.hyper), opt.clip))
+                   for g in plan.spec_param_groups)
+    return optim.Groups(default, groups)
 
 
 def over_budget(plan: Any, need: Estimate, budget: int, shrunk: bool) -> Diagnostic:
@@ -555,7 +567,7 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     from trainverify_dsl.spec.fx_import import UnsupportedOps
     from trainverify_dsl.spec.trace import trace_training_step, unsupported_error
 
-    reference_opt = spec_optimizer(setup.plan)
+    reference_opt = spec_optimizer(setup.plan, setup.fake_model)
     shrunk = bool(setup.overrides)
     progress("lowering the plan to its parallel program")
     try:

@@ -73,6 +73,9 @@ class Recipe:
     #: what is wrong with each per-rank override's recipe (§6.4): (index into the optimizer's
     #: ``overrides``, the difference), reported at the override
     override_problems: tuple[tuple[int, str], ...] = ()
+    #: parameters whose update differs from the reference's where a side has parameter
+    #: groups (§6.5): (the plan statement that chose the update, the difference)
+    param_problems: tuple[tuple[Span | None, str], ...] = ()
 
 
 @dataclass
@@ -304,6 +307,8 @@ def _check_recipe(pair: Pair) -> None:
         pair.fail("optimizer recipe", "optimizer", span, pair.recipe.problem)
     for index, problem in pair.recipe.override_problems:
         pair.fail("optimizer recipe", "optimizer", opt.overrides[index].origin.span, problem)
+    for where, problem in pair.recipe.param_problems:
+        pair.fail("optimizer recipe", "optimizer", where, problem)
 
 
 def _check_clipping(pair: Pair) -> None:

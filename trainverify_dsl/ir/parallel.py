@@ -145,13 +145,18 @@ class ParamUpdate:
     block: TLayout
     states: tuple[str, ...]
     graph: Graph
+    #: the hyper-parameters of its update (the optimizer's, or its parameter group's, §6.5)
+    hyper: tuple[tuple[str, object], ...] = ()
+    #: a parameter group's statement (``NO_SOURCE``: the plan-wide optimizer's)
+    group: Source = NO_SOURCE
 
 
 @dataclass(frozen=True, slots=True)
 class OptimizerOverride:
     """A per-rank override (§6.4): on the ranks whose mesh coordinates are ``coords`` the
     update of parameter ``p`` runs ``dict(graphs)[p]`` (the same inputs and block as the
-    plan-wide update, other hyper-parameters)."""
+    plan-wide update, other hyper-parameters). ``hyper``: the ones the override states, in
+    place of each update's own."""
 
     coords: tuple[tuple[str, int], ...]
     hyper: tuple[tuple[str, object], ...]
@@ -602,8 +607,12 @@ def _format_optimizer(opt: OptimizerStep | None, graphs: bool) -> list[str]:
     lines = [f"optimizer {opt.kind} {hyper}{shard}{_where(opt.origin)}"]
     printed: set[Graph] = set()
     for u in opt.updates:
+        group = ""
+        if u.group.span is not None:
+            shown = " ".join(f"{k}={v}" for k, v in u.hyper)
+            group = f" group {shown}{_where(u.group)}"
         lines.append(f"  update {u.param}: block {u.block.describe()} states "
-                     f"({', '.join(u.states)})")
+                     f"({', '.join(u.states)}){group}")
         if graphs and u.graph not in printed:
             printed.add(u.graph)
             lines.append(format_graph(u.graph, "update").rstrip("\n"))

@@ -291,7 +291,29 @@ class _Binder:
         self._stages()
         self._algorithms()
         self._sends()
+        self._param_groups()
         return self.b
+
+    def _param_groups(self) -> None:
+        """Parameter groups (§6.5): every target selects a parameter, and no parameter is in
+        two groups of one side (torch refuses a parameter in two groups)."""
+        params = sorted(self.b.params)
+        for groups in (self.plan.param_groups, self.plan.spec_param_groups):
+            owner: dict[str, Any] = {}
+            for group in groups:
+                for target in group.targets:
+                    if not any(target.matches(p, prefix=True) for p in params):
+                        self.unknown(target, group.origin, params, "parameter")
+                for p in params:
+                    if not group.matches(p):
+                        continue
+                    first = owner.setdefault(p, group)
+                    if first is not group:
+                        self.error(f"`{p}` is in two parameter groups: this one and the one at "
+                                   f"line {first.origin.report_span.line}",
+                                   group.origin, "give each parameter at most one group",
+                                   codes_plan.PARAM_GROUP)
+                        break
 
     def _sends(self) -> None:
         for send in self.plan.sends:

@@ -38,7 +38,7 @@ from trainverify_dsl.lower.findings import Finding, LoweringError
 from trainverify_dsl.lower.joint import input_name, output_name, stage_joints
 from trainverify_dsl.lower.lowering import Lowered, StageProgram
 from trainverify_dsl.plan.checks import sync_time
-from trainverify_dsl.plan.model import PIPELINE_AXIS, ZIGZAG, Layout, Partial
+from trainverify_dsl.plan.model import PIPELINE_AXIS, ZIGZAG, Layout, Partial, group_of
 from trainverify_dsl.report import codes_lower
 from trainverify_dsl.spec import optim
 from trainverify_dsl.spec.marks import module_of
@@ -194,15 +194,13 @@ def _optimizer(lowered: Lowered, stages: tuple[Stage, ...]) -> OptimizerStep | N
     opt = lowered.plan.optimizer
     if opt is None:
         return None
-    try:
-        config = optim.optimizer_config(opt.kind, dict(opt.hyper))
-    except ValueError as error:
-        raise LoweringError(Finding(codes_lower.COLLECTIVE_MISMATCH, f"optimizer: {error}",
-                                    opt.origin.report_span, "optimizer")) from None
+    config = _config(opt.kind, dict(opt.hyper), opt.origin)
     held = {s.spec: (st, s) for st in stages for s in st.output("grad")}
     sizes = lowered.sizes
     updates = []
     types: dict[str, TensorType] = {}
+    #: each parameter's hyper-parameters: its group's (§6.5), or the optimizer's
+    hypers: dict[str, dict[str, object]] = {}
     for param in lowered.binding.params:
         if param not in held:
             continue
@@ -210,22 +208,32 @@ def _optimizer(lowered: Lowered, stages: tuple[Stage, ...]) -> OptimizerStep | N
         block = zero_block(slot.layout, tuple(opt.shard_axes))
         dtype = st.graph.inputs[st.graph.input_index(param)].type.dtype
         types[param] = TensorType(block.local_shape(sizes), dtype)
-        graph = optim.update_graph(config, types[param])
-        updates.append(ParamUpdate(param, slot.layout, block, config.states, graph))
+        group = group_of(lowered.plan.param_groups, param)
+        hypers[param] = dict((group.optimizer if group is not None else opt).hyper)
+        own = config if group is None else _config(opt.kind, hypers[param], group.origin)
+        graph = optim.update_graph(own, types[param])
+        updates.append(ParamUpdate(param, slot.layout, block, own.states, graph,
+                                   tuple(hypers[param].items()),
+                                   NO_SOURCE if group is None else source_of(group.origin)))
     overrides = []
     for override in lowered.plan.overrides:  # §6.4: the same updates, other hyper-parameters
-        try:
-            other = optim.optimizer_config(override.optimizer.kind,
-                                           dict(override.optimizer.hyper))
-        except ValueError as error:
-            raise LoweringError(Finding(codes_lower.COLLECTIVE_MISMATCH, f"optimizer: {error}",
-                                        override.origin.report_span, "optimizer")) from None
-        overrides.append(OptimizerOverride(
-            override.coords, tuple(override.optimizer.hyper),
-            tuple((p, optim.update_graph(other, t)) for p, t in types.items()),
-            source_of(override.origin)))
+        given = dict(override.given)
+        graphs = tuple((p, optim.update_graph(
+            _config(opt.kind, {**hypers[p], **given}, override.origin), t))
+            for p, t in types.items())
+        overrides.append(OptimizerOverride(override.coords, tuple(override.given), graphs,
+                                           source_of(override.origin)))
     return OptimizerStep(opt.kind, tuple(opt.hyper), tuple(opt.shard_axes), tuple(updates),
                          source_of(opt.origin), tuple(overrides))
+
+
+def _config(kind: str, hyper: dict[str, object], origin: Any) -> optim.Optimizer:
+    """The update recipe of an optimizer statement (or a group, or an override)."""
+    try:
+        return optim.optimizer_config(kind, hyper)
+    except ValueError as error:
+        raise LoweringError(Finding(codes_lower.COLLECTIVE_MISMATCH, f"optimizer: {error}",
+                                    origin.report_span, "optimizer")) from None
 
 
 # -- lineages and claims ------------------------------------------------------------------------

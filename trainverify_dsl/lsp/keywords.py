@@ -71,11 +71,14 @@ STATEMENTS: dict[str, tuple[str, str]] = {
     "optimizer": ("optimizer sgd|adam|adamw KEY=VALUE... [shard over AXES]",
                   "The plan's implementation of the step, checked against `spec-optimizer`; "
                   "`shard over` is ZeRO-1."),
-    "on": ("on AXIS=K[, AXIS=K]...: optimizer KIND KEY=VALUE...",
+    "on": ("on AXIS=K[, AXIS=K]...: optimizer KIND KEY=VALUE... | on TARGET, ...: "
+           "optimizer|spec-optimizer KIND KEY=VALUE...",
            "A per-rank override: on the ranks with those mesh coordinates the optimizer step "
            "uses these hyper-parameters in place of the plan-wide `optimizer`'s (the same "
            "kind, no `shard`, unstated ones inherited): how a setting changed on some ranks "
-           "is written down."),
+           "is written down. With parameters instead of coordinates, a parameter group (of "
+           "the plan's optimizer, or of the `spec-optimizer` recipe): those parameters are "
+           "updated with these hyper-parameters, as a torch.optim parameter group."),
     "clip-grad-norm": ("clip-grad-norm X [over AXES] [replicas=once|each]",
                        "Clip gradients by their norm: squares summed over the axes (no axes: "
                        "every mesh axis), replicated copies counted once by default."),

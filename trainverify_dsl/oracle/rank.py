@@ -313,7 +313,7 @@ class RankStep:
             piece.grad = grad.clone()
             pieces[p] = piece
             state_layouts[p] = block
-        opt = make_optimizer(pieces.values(), optimizer)
+        opt = make_optimizer(pieces, optimizer, self.lw.plan.param_groups)
         kinds = STATES[optimizer.kind]
         seed_states(opt, {piece: {k: _tensor(take_local(self.values[f"{k}({p})"],
                                                          state_layouts[p], self.coords,

@@ -12,13 +12,13 @@ outputs ``loss``, ``grad(<param>)``, ``new(<param>)``, ``new(<state>(<param>))``
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from trainverify_dsl.plan.model import Optimizer
+from trainverify_dsl.plan.model import Optimizer, ParamGroup, group_of
 from trainverify_dsl.simulate.run import (
     draw_bool,
     input_masks,
@@ -83,24 +83,39 @@ def draw_values(model: torch.nn.Module, inputs: Mapping[str, tuple[Any, torch.dt
     return values
 
 
-def make_optimizer(params: Iterable[torch.Tensor], optimizer: Optimizer
-                   ) -> torch.optim.Optimizer:
+def make_optimizer(named: Mapping[str, torch.Tensor], optimizer: Optimizer,
+                   groups: tuple[ParamGroup, ...] = ()) -> torch.optim.Optimizer:
     """The plan's ``optimizer`` statement as a ``torch.optim`` optimizer (single-tensor
-    implementation: ``foreach=False``)."""
+    implementation: ``foreach=False``), each parameter group (``on TARGET: optimizer ...``,
+    docs/semantics.md §6.5) a ``param_groups`` entry stating its hyper-parameters, the
+    parameters in no group in the first entry."""
+    members: dict[int, list[torch.Tensor]] = {}
+    for name, tensor in named.items():
+        group = group_of(groups, name)
+        members.setdefault(-1 if group is None else groups.index(group), []).append(tensor)
+    entries = [{"params": tensors, **_torch_hyper(optimizer if k < 0 else groups[k].optimizer)}
+               for k, tensors in sorted(members.items())]
+    if optimizer.kind == "sgd":
+        return torch.optim.SGD(entries, foreach=False)
+    kind = torch.optim.Adam if optimizer.kind == "adam" else torch.optim.AdamW
+    return kind(entries, foreach=False)
+
+
+def _torch_hyper(optimizer: Optimizer) -> dict[str, Any]:
+    """An optimizer statement's hyper-parameters as torch.optim's keyword arguments, torch's
+    defaults where it states none."""
     def option(name: str, default: float) -> float:
         value = optimizer.get(name)
         return default if value is None else float(value)  # type: ignore[arg-type]
 
-    params = list(params)
     if optimizer.kind == "sgd":
-        return torch.optim.SGD(params, lr=option("lr", 1e-3), momentum=option("momentum", 0.0),
-                               weight_decay=option("weight-decay", 0.0), foreach=False)
+        return {"lr": option("lr", 1e-3), "momentum": option("momentum", 0.0),
+                "weight_decay": option("weight-decay", 0.0)}
     betas = optimizer.get("betas")
     pair = (float(betas[0]), float(betas[1])) if betas else (0.9, 0.999)  # type: ignore[index]
-    kind = torch.optim.Adam if optimizer.kind == "adam" else torch.optim.AdamW
     decay = option("weight-decay", 0.0 if optimizer.kind == "adam" else 0.01)
-    return kind(params, lr=option("lr", 1e-3), betas=pair, eps=option("eps", 1e-8),
-                weight_decay=decay, foreach=False)
+    return {"lr": option("lr", 1e-3), "betas": pair, "eps": option("eps", 1e-8),
+            "weight_decay": decay}
 
 
 def seed_states(opt: torch.optim.Optimizer, states: Mapping[torch.Tensor, Mapping[str, Any]]
@@ -114,9 +129,10 @@ def seed_states(opt: torch.optim.Optimizer, states: Mapping[torch.Tensor, Mappin
 
 
 def reference_step(model: torch.nn.Module, values: Mapping[str, np.ndarray],
-                   input_names: list[str], optimizer: Optimizer | None
-                   ) -> dict[str, np.ndarray]:
-    """One training step of the spec model on one device, float64."""
+                   input_names: list[str], optimizer: Optimizer | None,
+                   groups: tuple[ParamGroup, ...] = ()) -> dict[str, np.ndarray]:
+    """One training step of the spec model on one device, float64, with the recipe
+    ``optimizer`` and its parameter groups."""
     net = copy.deepcopy(model).double()
     with torch.no_grad():
         for name, tensor in [*net.named_parameters(), *net.named_buffers()]:
@@ -135,7 +151,7 @@ def reference_step(model: torch.nn.Module, values: Mapping[str, np.ndarray],
         if optimizer.clip is not None:  # the recipe's clip_grad_norm_ (docs/semantics.md §6.3)
             torch.nn.utils.clip_grad_norm_(list(named.values()), float(optimizer.clip),
                                            foreach=False)
-        opt = make_optimizer(named.values(), optimizer)
+        opt = make_optimizer(named, optimizer, groups)
         kinds = STATES[optimizer.kind]
         seed_states(opt, {p: {k: torch.from_numpy(values[f"{k}({n})"]) for k in kinds}
                           for n, p in named.items()})

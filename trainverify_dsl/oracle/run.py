@@ -172,7 +172,7 @@ def _prepare(path: Path, folder: Path, seed: int, timeout: float,
     # the reference is the single-device step: the spec's own optimizer recipe
     try:
         reference = reference_step(setup.real_model, values, list(setup.input_specs),
-                                   plan.spec_optimizer)
+                                   plan.spec_optimizer, plan.spec_param_groups)
     except IndexError:  # a masked value past a shrunk table: TVP312, as tvp simulate says
         vocab = model_vocab(setup.real_model) or 2
         unheld_mask(unheld_masks(masks, ranges, vocab), setup.real_model)
@@ -195,7 +195,8 @@ def _input_draws(setup: Any, plan: Any
     from trainverify_dsl.simulate.run import input_masks, input_ranges, model_vocab
     from trainverify_dsl.spec.trace import trace_training_step
 
-    spec = trace_training_step(setup.fake_model, setup.input_specs, spec_optimizer(plan))
+    spec = trace_training_step(setup.fake_model, setup.input_specs,
+                               spec_optimizer(plan, setup.fake_model))
     ranges = input_ranges(spec.program, model_vocab(setup.real_model) or 2)
     return input_masks(setup.real_model, spec.program, ranges), ranges
 

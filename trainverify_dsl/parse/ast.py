@@ -377,11 +377,14 @@ class OnCoord:
 @dataclass(frozen=True, slots=True)
 class OnStmt:
     """``on dp=1: optimizer adamw lr=1e-3 eps=1e-6``: the statement holds on the ranks with
-    those coordinates, in place of the plan-wide one (a per-rank override)."""
+    those coordinates, in place of the plan-wide one (a per-rank override).
+    ``on norm.weight, layers.*.ffn_norm.weight: optimizer adamw weight-decay=0`` (or
+    ``spec-optimizer``): a parameter group, for the parameters the targets select."""
 
     coords: tuple[OnCoord, ...]
-    body: OptimizerDecl
+    body: OptimizerDecl | SpecOptimizerDecl
     span: Span
+    targets: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -295,11 +295,20 @@ class AstBuilder:
         return _Shard(children[0].axes, self.span(raw))
 
     def on_stmt(self, raw, children) -> ast.OnStmt:
-        *coords, body = children
-        return ast.OnStmt(tuple(coords), body, self.span(raw))
+        *items, body = children
+        coords = tuple(c for c in items if isinstance(c, ast.OnCoord))
+        targets = tuple(c for c in items if isinstance(c, ast.Path))
+        return ast.OnStmt(coords, body, self.span(raw), targets)
 
     def on_coord(self, raw, children) -> ast.OnCoord:
-        return ast.OnCoord(self.ident(children[0]), children[1], self.span(raw))
+        path, value = children
+        # a coordinate names a mesh axis: one plain name (the lexer reads it as a path, the
+        # form an `on` statement's parameter targets take)
+        if len(path.segments) != 1 or not isinstance(path.segments[0], ast.Name):
+            raise BuildError(codes.UNEXPECTED_TOKEN, "a coordinate of `on` names a mesh axis "
+                             "(`on dp=1: ...`), not a path", path.span)
+        name = path.segments[0]
+        return ast.OnCoord(ast.Ident(name.name, path.span), value, self.span(raw))
 
     def clip_grad_norm_decl(self, raw, children) -> ast.ClipGradNormDecl:
         max_norm, *rest = children

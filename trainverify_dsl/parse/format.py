@@ -246,8 +246,11 @@ def _optimizer_decl(s: ast.OptimizerDecl) -> str:
 
 
 def _on_stmt(s: ast.OnStmt) -> str:
-    coords = ", ".join(f"{c.axis.name}={expr_text(c.value)}" for c in s.coords)
-    return f"on {coords}: {_optimizer_decl(s.body)}"
+    items = [f"{c.axis.name}={expr_text(c.value)}" for c in s.coords] + \
+        [path_text(t) for t in s.targets]
+    body = _spec_optimizer_decl(s.body) if isinstance(s.body, ast.SpecOptimizerDecl) else \
+        _optimizer_decl(s.body)
+    return f"on {', '.join(items)}: {body}"
 
 
 def _loss_reduction_decl(s: ast.LossReductionDecl) -> str:

@@ -4,6 +4,7 @@ statement in program order, with the per-statement checks (names, options, numbe
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
@@ -30,6 +31,7 @@ from trainverify_dsl.plan.model import (
     Optimizer,
     OptionValue,
     Origin,
+    ParamGroup,
     PipelineStage,
     Plan,
     RankOverride,
@@ -95,15 +97,18 @@ class Builder:
         loss_scale = self._loss_scale()
         parts, layouts = self._statements()
         optimizer = self._optimizer()
+        spec_optimizer = self._optimizer(ast.SpecOptimizerDecl)
         return Plan(
             name=self._name(), file=self.main_file, spec=spec, mesh=self.mesh,
             microbatches=microbatches, schedule=schedule, loss_scale=loss_scale,
             layouts=layouts, collectives=tuple(parts.collectives), sends=tuple(parts.sends),
             stages=tuple(parts.stages), optimizer=optimizer,
-            spec_optimizer=self._optimizer(ast.SpecOptimizerDecl),
+            spec_optimizer=spec_optimizer,
             clip_grad_norm=self._clip(), algorithms=tuple(parts.algorithms),
             files=tuple(self.files), header_origins=self._header_origins(),
-            loss_reduction=self._loss_reduction(), overrides=self._overrides(optimizer))
+            loss_reduction=self._loss_reduction(), overrides=self._overrides(optimizer),
+            param_groups=self._param_groups(optimizer, ast.OptimizerDecl),
+            spec_param_groups=self._param_groups(spec_optimizer, ast.SpecOptimizerDecl))
 
     # ------------------------------------------------------------ headers
 
@@ -545,42 +550,22 @@ class Builder:
         out: list[RankOverride] = []
         for leaf in self.leaves:
             stmt, origin = leaf.stmt, leaf.origin
-            if not isinstance(stmt, ast.OnStmt):
+            if not isinstance(stmt, ast.OnStmt) or stmt.targets:
+                continue  # parameter groups: ``_param_groups``
+            body = stmt.body
+            if isinstance(body, ast.SpecOptimizerDecl):
+                self._override_error(
+                    "the reference step runs on one device: `spec-optimizer` has no per-rank "
+                    "override", origin, "name parameters, not mesh coordinates, for a group "
+                    "of the reference recipe: `on norm.weight: spec-optimizer ...`")
                 continue
             coords = self._override_coords(stmt, origin)
-            body = stmt.body
-            kind = body.kind.name
-            if optimizer is None:
-                self._override_error("there is no plan-wide `optimizer` to override", origin,
-                                     "state the `optimizer` every other rank runs")
+            refined = self._refine(body, optimizer, origin, _OVERRIDE)
+            if coords is None or refined is None or optimizer is None:
                 continue
-            if kind != optimizer.kind:
-                self._override_error(
-                    f"the override's optimizer is {kind}, the plan's is {optimizer.kind}: an "
-                    "override changes hyper-parameters, not the optimizer and its states",
-                    Origin(body.kind.span, origin.trail), f"write `optimizer {optimizer.kind} ...`")
-                continue
-            if body.shard_axes:
-                self._override_error("an override cannot shard the optimizer: the ZeRO blocks "
-                                     "are the plan-wide optimizer's", origin,
-                                     "remove `shard over ...` from the override")
-                continue
-            if coords is None or kind not in vocab.OPTIMIZER_HYPER:
-                continue
-            # what the override does not state is the plan-wide optimizer's
-            given = dict(self._hyper(body, kind, origin, required=()))
-            hyper = tuple((k, given.pop(k, v)) for k, v in optimizer.hyper) + \
-                tuple(given.items())
-            if kind == "sgd" and _momentum_on(hyper) != _momentum_on(optimizer.hyper):
-                self._override_error(
-                    "the override turns SGD momentum " +
-                    ("on" if _momentum_on(hyper) else "off") + ": that adds or removes the "
-                    "momentum buffer, a state of the optimizer; an override changes "
-                    "hyper-parameters, not the optimizer's states", origin,
-                    "keep momentum nonzero on every rank or zero on every rank")
-                continue
-            new = RankOverride(coords, Optimizer(kind, hyper, optimizer.shard_axes, origin),
-                               origin)
+            hyper, stated = refined
+            new = RankOverride(coords, Optimizer(body.kind.name, hyper, optimizer.shard_axes,
+                                                 origin), origin, stated)
             clash = next((o for o in out if _overlap(o.coords, coords)), None)
             if clash is not None:
                 self.collector.add(messages.conflict(
@@ -589,6 +574,81 @@ class Builder:
                 continue
             out.append(new)
         return tuple(out)
+
+    def _param_groups(self, optimizer: Optimizer | None, statement: type
+                      ) -> tuple[ParamGroup, ...]:
+        """``on TARGET, ...: optimizer ...`` (``statement``: ``OptimizerDecl``) or ``...:
+        spec-optimizer ...`` (docs/semantics.md §6.5): parameter groups refining the
+        plan-wide statement ``optimizer`` of that kind. The binding checks that every target
+        selects a parameter and no parameter is in two groups."""
+        out: list[ParamGroup] = []
+        for leaf in self.leaves:
+            stmt, origin = leaf.stmt, leaf.origin
+            if not isinstance(stmt, ast.OnStmt) or not stmt.targets or \
+                    not isinstance(stmt.body, statement):
+                continue
+            body = stmt.body
+            if stmt.coords:
+                self._group_error("an `on` names mesh coordinates (a per-rank override) or "
+                                  "parameters (a parameter group), not both", origin,
+                                  "write the two statements apart")
+                continue
+            if any(o.key.name == vocab.SPEC_CLIP for o in body.options):
+                self._group_error("clipping is one global norm over every gradient: a group "
+                                  "cannot clip on its own", origin,
+                                  "state `clip-grad-norm=` on the plan-wide `spec-optimizer`")
+                continue
+            refined = self._refine(body, optimizer, origin,
+                                   _GROUP if statement is ast.OptimizerDecl else _SPEC_GROUP)
+            targets = [self._target(t, origin) for t in stmt.targets]
+            if refined is None or optimizer is None or None in targets:
+                continue
+            hyper, given = refined
+            out.append(ParamGroup(tuple(t for t in targets if t is not None),
+                                  Optimizer(body.kind.name, hyper, optimizer.shard_axes, origin),
+                                  given, origin))
+        return tuple(out)
+
+    def _group_error(self, message: str, origin: Origin, help: str) -> None:
+        self.collector.add(messages.at(codes.PARAM_GROUP, message, origin, help=help))
+
+    def _refine(self, body: ast.OptimizerDecl | ast.SpecOptimizerDecl, base: Optimizer | None,
+                origin: Origin, how: _Refinement
+                ) -> tuple[tuple[tuple[str, OptionValue], ...],
+                           tuple[tuple[str, OptionValue], ...]] | None:
+        """An ``on`` statement's optimizer refining the plan-wide ``base`` (a per-rank override
+        or a parameter group, ``how``): the same kind, hence the same states (SGD momentum
+        neither turned on nor off), no ``shard``. Returns its hyper-parameters (the unstated
+        ones ``base``'s) and the stated ones, or ``None`` after reporting what is wrong."""
+        kind = body.kind.name
+        if base is None:
+            how.error(self, f"there is no plan-wide `{how.head}` {how.missing}", origin,
+                      f"state the `{how.head}` every other {how.other} gets")
+            return None
+        if kind != base.kind:
+            how.error(self, f"the {how.what}'s optimizer is {kind}, the plan-wide `{how.head}`'s "
+                            f"is {base.kind}: {how.a_what} changes hyper-parameters, not the "
+                            "optimizer and its states", Origin(body.kind.span, origin.trail),
+                      f"write `{how.head} {base.kind} ...`")
+            return None
+        if getattr(body, "shard_axes", ()):
+            how.error(self, f"{how.a_what} cannot shard the optimizer: the ZeRO blocks are the "
+                            "plan-wide optimizer's", origin,
+                      f"remove `shard over ...` from the {how.what}")
+            return None
+        if kind not in vocab.OPTIMIZER_HYPER:
+            return None
+        stated = self._hyper(body, kind, origin, required=())
+        given = dict(stated)
+        hyper = tuple((k, given.pop(k, v)) for k, v in base.hyper) + tuple(given.items())
+        if kind == "sgd" and _momentum_on(hyper) != _momentum_on(base.hyper):
+            how.error(self, f"the {how.what} turns SGD momentum " +
+                      ("on" if _momentum_on(hyper) else "off") + ": that adds or removes the "
+                      f"momentum buffer, a state of the optimizer; {how.a_what} changes "
+                      "hyper-parameters, not the optimizer's states", origin,
+                      f"keep momentum nonzero {how.every} or zero {how.every}")
+            return None
+        return hyper, stated
 
     def _override_coords(self, stmt: ast.OnStmt, origin: Origin
                          ) -> tuple[tuple[str, int], ...] | None:
@@ -641,8 +701,8 @@ class Builder:
             return None
         return value
 
-    def _hyper(self, stmt: ast.OptimizerDecl, kind: str, origin: Origin,
-               required: tuple[str, ...] = vocab.REQUIRED_HYPER):
+    def _hyper(self, stmt: ast.OptimizerDecl | ast.SpecOptimizerDecl, kind: str,
+               origin: Origin, required: tuple[str, ...] = vocab.REQUIRED_HYPER):
         allowed = vocab.OPTIMIZER_HYPER[kind]
         hyper: list[tuple[str, OptionValue]] = []
         for option in stmt.options:
@@ -787,6 +847,26 @@ def _options_of(stmt: ast.Statement) -> tuple[ast.Option, ...]:
         case ast.OnStmt():
             return stmt.body.options
     return ()
+
+
+@dataclass(frozen=True)
+class _Refinement:
+    """How an ``on`` statement refines the plan-wide optimizer, for its messages."""
+
+    what: str
+    a_what: str
+    head: str
+    missing: str
+    other: str
+    every: str
+    error: Callable[[Builder, str, Origin, str], None]
+
+
+_OVERRIDE = _Refinement("override", "an override", "optimizer", "to override", "rank",
+                        "on every rank", Builder._override_error)
+_GROUP = _Refinement("group", "a group", "optimizer", "for the group to refine", "parameter",
+                     "in every group", Builder._group_error)
+_SPEC_GROUP = replace(_GROUP, head="spec-optimizer")
 
 
 def _momentum_on(hyper: tuple[tuple[str, OptionValue], ...]) -> bool:

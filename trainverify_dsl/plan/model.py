@@ -484,9 +484,36 @@ class RankOverride:
     coords: tuple[tuple[str, int], ...]
     optimizer: Optimizer
     origin: Origin
+    #: the hyper-parameters the statement states (the rest come from the optimizer, or from
+    #: the parameter's group, §6.5)
+    given: tuple[tuple[str, OptionValue], ...] = ()
 
     def matches(self, coords: Mapping[str, int]) -> bool:
         return all(coords.get(axis) == k for axis, k in self.coords)
+
+
+@dataclass(frozen=True, slots=True)
+class ParamGroup:
+    """``on TARGET, ...: optimizer ...`` or ``spec-optimizer ...`` (docs/semantics.md §6.5):
+    a torch.optim parameter group. The parameters the targets select are updated with
+    ``optimizer``: the plan-wide statement's kind and sharding, the hyper-parameters ``given``
+    here, the plan-wide statement's for the rest."""
+
+    targets: tuple[TensorPattern, ...]
+    optimizer: Optimizer
+    given: tuple[tuple[str, OptionValue], ...]
+    origin: Origin
+
+    def matches(self, param: str) -> bool:
+        """Whether the parameter (its torch path) is in the group; a module target selects
+        every parameter inside it."""
+        return any(t.matches(param, prefix=True) for t in self.targets)
+
+
+def group_of(groups: tuple[ParamGroup, ...], param: str) -> ParamGroup | None:
+    """The group of ``param`` (the binding refuses a parameter in two), or ``None``: the
+    plan-wide statement's."""
+    return next((g for g in groups if g.matches(param)), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,6 +563,10 @@ class Plan:
     loss_reduction: LossReduction | None = None
     #: ``on AXIS=K: optimizer ...``: per-rank optimizer overrides, in statement order
     overrides: tuple[RankOverride, ...] = ()
+    #: ``on TARGET, ...: optimizer ...``: the plan's parameter groups (§6.5)
+    param_groups: tuple[ParamGroup, ...] = ()
+    #: ``on TARGET, ...: spec-optimizer ...``: the reference recipe's parameter groups
+    spec_param_groups: tuple[ParamGroup, ...] = ()
 
     def header_origin(self, name: str) -> Origin | None:
         return next((origin for key, origin in self.header_origins if key == name), None)

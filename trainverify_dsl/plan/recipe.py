@@ -14,7 +14,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from trainverify_dsl.plan import messages, vocab
-from trainverify_dsl.plan.model import Optimizer, OptionValue, Plan
+from trainverify_dsl.plan.model import Optimizer, OptionValue, ParamGroup, Plan
 from trainverify_dsl.report import codes_plan as codes
 from trainverify_dsl.report.diagnostics import Diagnostic
 
@@ -54,7 +54,8 @@ def _show(value: object) -> str:
 def recipe_problems(plan: Plan, *, unread_statements: bool = False) -> list[Diagnostic]:
     """``unread_statements``: the file has statements the parser could not read (one of them
     may be the missing ``optimizer``)."""
-    return _optimizer_problems(plan, unread_statements) + _clip_problems(plan)
+    return _optimizer_problems(plan, unread_statements) + _group_problems(plan) + \
+        _clip_problems(plan)
 
 
 def _clip_problems(plan: Plan) -> list[Diagnostic]:
@@ -106,3 +107,48 @@ def _optimizer_problems(plan: Plan, unread_statements: bool) -> list[Diagnostic]
     return [messages.at(codes.OPTIMIZER_DIFFERS, f"the plan's {mine.kind} differs from the "
                         f"spec's: {what}", mine.origin,
                         related=((ref.origin.report_span, "the spec's optimizer"),))]
+
+
+def _group_problems(plan: Plan) -> list[Diagnostic]:
+    """Parameter groups (§6.5) that differ where the text alone shows it: a group of one side
+    against the other side's group with the same targets, or against the other side's
+    plan-wide statement when that side has no groups. Other regroupings are compared
+    parameter by parameter once the model is known (``tvp simulate``, ``tvp check``)."""
+    mine, ref = plan.optimizer, plan.spec_optimizer
+    if mine is None or ref is None or mine.kind != ref.kind:
+        return []
+    ours = {_targets(g): g for g in plan.param_groups}
+    theirs = {_targets(g): g for g in plan.spec_param_groups}
+    found: list[Diagnostic] = []
+    for key in [*ours, *(k for k in theirs if k not in ours)]:
+        a, b = ours.get(key), theirs.get(key)
+        if a is None and plan.param_groups or b is None and plan.spec_param_groups:
+            continue
+        left = a.optimizer if a is not None else mine
+        right = b.optimizer if b is not None else ref
+        x, y = filled(left), filled(right)
+        if set(x) != set(y) or None in x.values() or None in y.values():
+            continue
+        differ = [k for k in sorted(x) if x[k] != y[k]]
+        if not differ:
+            continue
+        what = ", ".join(f"{k}={_show(x.get(k))} (spec: {_show(y.get(k))})" for k in differ)
+        if a is None:
+            assert b is not None
+            stated = " ".join(f"{k}={_show(v)}" for k, v in b.given)
+            found.append(messages.at(
+                codes.OPTIMIZER_DIFFERS, f"the plan updates {key} with its optimizer, the "
+                f"spec's recipe with a group of its own: {what}", mine.origin,
+                related=((b.origin.report_span, "the spec's parameter group"),),
+                help=f"add `on {key}: optimizer {mine.kind} {stated}`".rstrip()))
+            continue
+        where = "the spec's parameter group" if b is not None else "the spec's optimizer"
+        found.append(messages.at(
+            codes.OPTIMIZER_DIFFERS, f"the plan's group for {key} differs from the spec's "
+            f"recipe for it: {what}", a.origin,
+            related=(((b or ref).origin.report_span, where),)))
+    return found
+
+
+def _targets(group: ParamGroup) -> str:
+    return ", ".join(str(t) for t in group.targets)

@@ -519,6 +519,21 @@ LAYER_OUT_OF_RANGE = _code(
     + "split layers.1.attention.wq.weight [tp, -]\n",
 )
 
+PARAM_GROUP = _code(
+    "TVP269", "param-group", "a parameter group that cannot hold",
+    "`on TARGET, ...: optimizer ...` (or `spec-optimizer ...`) updates the parameters the targets "
+    "select with other hyper-parameters, as a torch.optim parameter group (docs/semantics.md "
+    "§6.5). The plan must have the plan-wide statement it refines (`optimizer`, or "
+    "`spec-optimizer` for a reference group), of the same kind; the ZeRO sharding is the "
+    "plan-wide one (no `shard`) and clipping the recipe's (no `clip-grad-norm=`); an `on` names "
+    "mesh coordinates or parameters, not both; every target must select a parameter, and no "
+    "parameter may be in two groups of one side.",
+    "A parameter in two groups, or a group with another optimizer, leaves it unclear which "
+    "update the parameter gets (torch refuses both).",
+    _HEAD + _MESH + "optimizer adamw lr=1e-3\non norm.weight: optimizer sgd lr=1e-3\n",
+    _HEAD + _MESH + "optimizer adamw lr=1e-3\non norm.weight: optimizer adamw weight-decay=0\n",
+)
+
 OPTIMIZER_DIFFERS = _code(
     "TVP280", "optimizer-differs-from-spec", "the plan's optimizer is not the spec's recipe",
     "The plan's `optimizer` statement names another optimizer, or another value of a "
@@ -542,5 +557,5 @@ CODES: tuple[Code, ...] = (
     INVALID_MICROBATCHES, INVALID_LOSS_SCALE, UNKNOWN_OPTIMIZER, UNKNOWN_HYPERPARAMETER,
     MISSING_HYPERPARAMETER, INVALID_OPTION_VALUE, GRADIENT_STATEMENT_KIND, UNKNOWN_OPTION,
     MISSING_OPTION, INVALID_BACKWARD, UNKNOWN_REDUCE_OP, UNKNOWN_ALGORITHM, UNKNOWN_SCHEDULE,
-    UNKNOWN_MODEL_CONFIG, DUPLICATE_OPTION, LAYER_OUT_OF_RANGE, OPTIMIZER_DIFFERS,
+    UNKNOWN_MODEL_CONFIG, DUPLICATE_OPTION, LAYER_OUT_OF_RANGE, PARAM_GROUP, OPTIMIZER_DIFFERS,
 )

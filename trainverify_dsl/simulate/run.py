@@ -374,12 +374,15 @@ class Float64:
         return err < TOLERANCE, err
 
 
-def recipe(program: ParallelProgram, reference_opt: optim.Optimizer | None) -> Recipe:
+def recipe(program: ParallelProgram, reference_opt: optim.Recipe | None) -> Recipe:
     """What the checks need to know of the optimizer recipes (``ir.compare.Recipe``)."""
     opt = program.optimizer
     if opt is None or reference_opt is None:
         return Recipe(reference_opt is not None)
     clip = program.clip.max_norm if program.clip is not None else None
+    if isinstance(reference_opt, optim.Groups) or \
+            any(u.group.span is not None for u in opt.updates):
+        return _group_recipe(opt, reference_opt, clip)
     mine = optim.optimizer_config(opt.kind, dict(opt.hyper), clip)
     problem = None if mine == reference_opt else (
         f"the plan's optimizer {_describe_opt(mine)} differs from the spec's "
@@ -394,6 +397,41 @@ def recipe(program: ParallelProgram, reference_opt: optim.Optimizer | None) -> R
             overrides.append((index, f"the override's optimizer {_describe_opt(theirs)} "
                                      f"differs from the spec's {_describe_opt(reference_opt)}"))
     return Recipe(True, problem, tuple(overrides))
+
+
+def _group_recipe(opt: Any, reference: optim.Recipe, clip: Any) -> Recipe:
+    """The recipe check where a side has parameter groups (§6.5): each parameter's update
+    against the reference's for that parameter, reported at the statement that chose the
+    plan's (its group, or the optimizer), with the parameters it concerns."""
+    differs: dict[tuple[Any, str], list[str]] = {}
+    for u in opt.updates:
+        mine = optim.optimizer_config(opt.kind, dict(u.hyper), clip)
+        theirs = optim.config_of(reference, u.param)
+        if mine != theirs:
+            where = u.group.span if u.group.span is not None else opt.origin.span
+            text = f"the plan's optimizer {_describe_opt(mine)} differs from the spec's " \
+                   f"{_describe_opt(theirs)}"
+            differs.setdefault((where, text), []).append(u.param)
+    problems = tuple((where, f"{_params_text(params)}: {text}")
+                     for (where, text), params in differs.items())
+    overrides = []
+    for index, override in enumerate(opt.overrides):
+        for u in opt.updates:
+            theirs = optim.optimizer_config(opt.kind, {**dict(u.hyper), **dict(override.hyper)},
+                                            clip)
+            want = optim.config_of(reference, u.param)
+            if theirs != want:
+                overrides.append((index, f"{u.param}: the override's optimizer "
+                                         f"{_describe_opt(theirs)} differs from the spec's "
+                                         f"{_describe_opt(want)}"))
+                break
+    return Recipe(True, None, tuple(overrides), problems)
+
+
+def _params_text(params: list[str]) -> str:
+    shown = ", ".join(params[:3])
+    more = f" and {len(params) - 3} more" if len(params) > 3 else ""
+    return f"the update of {shown}{more}"
 
 
 def _describe_opt(opt: optim.Optimizer) -> str:

@@ -34,14 +34,24 @@ class ReferenceDisagrees(Exception):
     """The traced reference step differs from eager torch: an error in the trusted base."""
 
 
-def _torch_optimizer(params: list[torch.Tensor], opt: optim.Optimizer) -> torch.optim.Optimizer:
-    if isinstance(opt, optim.SGD):
-        return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum,
-                               dampening=opt.dampening, weight_decay=opt.weight_decay,
-                               nesterov=opt.nesterov, foreach=False)
-    kind = torch.optim.AdamW if opt.decoupled else torch.optim.Adam
-    return kind(params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
-                weight_decay=opt.weight_decay, foreach=False)
+def _torch_optimizer(named: Mapping[str, torch.Tensor], recipe: optim.Recipe
+                     ) -> torch.optim.Optimizer:
+    """torch.optim's optimizer for ``recipe``: one parameter group per distinct config
+    (``spec.optim.Groups``), in the order the parameters come."""
+    groups: dict[optim.Optimizer, list[torch.Tensor]] = {}
+    for name, p in named.items():
+        groups.setdefault(optim.config_of(recipe, name), []).append(p)
+    first = next(iter(groups), None) or (
+        recipe.default if isinstance(recipe, optim.Groups) else recipe)
+    if isinstance(first, optim.SGD):
+        return torch.optim.SGD(
+            [{"params": ps, "lr": o.lr, "momentum": o.momentum, "dampening": o.dampening,
+              "weight_decay": o.weight_decay, "nesterov": o.nesterov}
+             for o, ps in groups.items()], lr=first.lr, foreach=False)
+    kind = torch.optim.AdamW if first.decoupled else torch.optim.Adam
+    return kind([{"params": ps, "lr": o.lr, "betas": o.betas, "eps": o.eps,
+                  "weight_decay": o.weight_decay} for o, ps in groups.items()],
+                foreach=False)
 
 
 def _record_points(net: torch.nn.Module, points: Sequence[str],
@@ -70,7 +80,7 @@ def _record_points(net: torch.nn.Module, points: Sequence[str],
 
 
 def torch_step(model: torch.nn.Module, values: Mapping[str, np.ndarray], data: Sequence[str],
-               opt: optim.Optimizer | None, points: Sequence[str] = ()
+               opt: optim.Recipe | None, points: Sequence[str] = ()
                ) -> dict[str, np.ndarray]:
     """``loss``, ``grad(p)``, ``new(p)``, ``new(<state>(p))`` and ``point:<point>`` for each
     of ``points`` of one step of ``model`` on ``values`` (parameters, buffers, inputs ``data``
@@ -104,25 +114,26 @@ def torch_step(model: torch.nn.Module, values: Mapping[str, np.ndarray], data: S
                                               foreach=False)
         out["clip.coef"] = np.array(min(1.0, opt.max_grad_norm / (float(norm) + optim.CLIP_EPS)))
         out["clip.total"] = np.array(float(norm) ** 2)
-    torch_opt = _torch_optimizer(list(named.values()), opt)
+    torch_opt = _torch_optimizer(named, opt)
     for name, p in named.items():  # start from the drawn states, one step before the checked
+        own = optim.config_of(opt, name)
         state: dict[str, Any] = {TORCH_STATE[s]: torch.from_numpy(
-            np.array(values[f"{s}({name})"], dtype=np.float64)) for s in opt.states}
-        if isinstance(opt, optim.Adam):
-            state["step"] = torch.tensor(float(opt.step - 1))
+            np.array(values[f"{s}({name})"], dtype=np.float64)) for s in own.states}
+        if isinstance(own, optim.Adam):
+            state["step"] = torch.tensor(float(own.step - 1))
         if state:
             torch_opt.state[p] = state
     torch_opt.step()
     for name, p in named.items():
         out[f"new({name})"] = p.detach().numpy().copy()
-        for s in opt.states:
+        for s in optim.config_of(opt, name).states:
             out[f"new({s}({name}))"] = torch_opt.state[p][TORCH_STATE[s]].numpy().copy()
     return out
 
 
 def check_reference(want: Mapping[str, np.ndarray], model: torch.nn.Module,
                     values: Mapping[str, np.ndarray], data: Sequence[str],
-                    opt: optim.Optimizer | None, tolerance: float, floor: float) -> int:
+                    opt: optim.Recipe | None, tolerance: float, floor: float) -> int:
     """Compare the reference IR's outputs ``want`` (its values at marked points included)
     with ``torch_step``; raises
     ``ReferenceDisagrees`` on a missing or differing output; returns how many were compared.

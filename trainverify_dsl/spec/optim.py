@@ -66,6 +66,36 @@ def AdamW(lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: floa
 Optimizer = SGD | Adam
 
 
+@dataclass(frozen=True, slots=True)
+class Groups:
+    """A recipe with torch.optim parameter groups: each group's parameters (by name) are
+    updated with its config, every other parameter with ``default``. Clipping is one global
+    norm: ``default``'s ``max_grad_norm``."""
+
+    default: Optimizer
+    groups: tuple[tuple[frozenset[str], Optimizer], ...]
+
+    def config(self, param: str) -> Optimizer:
+        return next((opt for names, opt in self.groups if param in names), self.default)
+
+    def index(self, param: str) -> int:
+        """The group of ``param`` (``-1``: ``default``)."""
+        return next((k for k, (names, _) in enumerate(self.groups) if param in names), -1)
+
+    @property
+    def max_grad_norm(self) -> float | None:
+        return self.default.max_grad_norm
+
+
+#: A reference recipe: one optimizer for every parameter, or parameter groups.
+Recipe = Optimizer | Groups
+
+
+def config_of(recipe: Recipe, param: str) -> Optimizer:
+    """The optimizer that updates ``param`` under ``recipe``."""
+    return recipe.config(param) if isinstance(recipe, Groups) else recipe
+
+
 class _Ops:
     """Elementwise helpers over one update graph; scalars become 0-d constants."""
 
@@ -224,7 +254,7 @@ def _append_clip(graphs: dict[str, Graph], calls: list[Call], grads: list[tuple[
     return clipped, total
 
 
-def append_optimizer(spec: SpecProgram, opt: Optimizer) -> SpecProgram:
+def append_optimizer(spec: SpecProgram, opt: Recipe) -> SpecProgram:
     """``spec`` with an update call per parameter and outputs ``new(p)``, ``new(<state>(p))``;
     with ``opt.max_grad_norm``, the gradients the updates read are clipped first."""
     program = spec.program
@@ -242,9 +272,13 @@ def append_optimizer(spec: SpecProgram, opt: Optimizer) -> SpecProgram:
             # the coefficient 1 as the spec does whenever the norm stays below the bound
             outputs += [("clip.coef", "clip.coef"), ("clip.total", total)]
     for param in held:
+        own = config_of(opt, param.name)
         name = _graph_name(param.type)
-        graphs.setdefault(name, update_graph(opt, param.type))
-        state_names = [f"{s}({param.name})" for s in opt.states]
+        group = opt.index(param.name) if isinstance(opt, Groups) else -1
+        if group >= 0:
+            name = f"{name}.group{group}"
+        graphs.setdefault(name, update_graph(own, param.type))
+        state_names = [f"{s}({param.name})" for s in own.states]
         states += [GraphInput(s, "state", param.type) for s in state_names]
         results = [f"new({param.name})"] + [f"new({s})" for s in state_names]
         grad = f"grad({param.name})"

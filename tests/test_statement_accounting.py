@@ -98,6 +98,9 @@ CONTEXTS: dict[str, tuple[str, ...]] = {
     # Megatron tensor parallel with a recipe that clips (its first line replaces HEAD's
     # recipe); the norm is small enough that the clipping is active
     "clip": (_CLIP_RECIPE,) + _DATA + _MEGATRON + _STEP + ("clip-grad-norm 0.001",),
+    # a parameter group on both sides (docs/semantics.md §6.5)
+    "group": _DATA + ("on fc1.weight: spec-optimizer sgd lr=0.2",) + _STEP +
+    ("on fc1.weight: optimizer sgd lr=0.2",),
 }
 #: Plans completed by the statement under test (not simulated alone).
 FRAGMENTS: dict[str, tuple[str, ...]] = {
@@ -159,6 +162,7 @@ OTHERS = [("send", t, "pp") for t in TARGETS] + [
     ("shard", "optimizer", "tp"), ("shard", "optimizer", "pp"), ("loss-scale", "seed", "-"),
     ("clip-grad-norm", "grads", "-"), ("loss-reduction", "loss", "-"),
     ("on", "optimizer", "dp"),
+    *(("on", t, "-") for t in TARGETS),
     ("algorithm", "module", "tp"),
     ("algorithm", "module", "pp")]
 
@@ -376,6 +380,17 @@ SCENARIOS: dict[tuple[str, str, str], Outcome] = {
     # the plan-wide step restated on dp=1 agrees; another learning rate there differs
     ("on", "optimizer", "dp"): Honoured("dp", "on dp=1: optimizer sgd lr=0.1",
                                         "on dp=1: optimizer sgd lr=0.2", DIFFERS),
+    # a parameter group: the plan's restating the recipe's agrees; one on another parameter
+    # (a regrouping the text alone does not show) differs
+    ("on", "param", "-"): Honoured("group", "on fc1.weight: optimizer sgd lr=0.2",
+                                   "on fc2.weight: optimizer sgd lr=0.2", DIFFERS,
+                                   replaces="on fc1.weight: optimizer sgd lr=0.2"),
+    # a group names parameters: anything else selects none, or is not a path
+    ("on", "out", "-"): Spec("TVP401", "on fc1.out: optimizer sgd lr=0.1"),
+    ("on", "in", "-"): Spec("TVP401", "on fc2.in: optimizer sgd lr=0.1"),
+    ("on", "loss", "-"): Spec("TVP401", "on loss: optimizer sgd lr=0.1"),
+    ("on", "input", "-"): Spec("TVP401", "on x: optimizer sgd lr=0.1"),
+    ("on", "grad", "-"): Lint("TVP101", "on grad(fc1.weight): optimizer sgd lr=0.1"),
     ("algorithm", "module", "tp"): Spec("TVP408",
                                         "algorithm vocab-parallel-embedding for fc1 over tp",
                                         "tp"),
@@ -563,12 +578,13 @@ def recorded(lw: Lowered, text: str, statement: str) -> bool:
         clip = parallel_program(lw).clip
         return clip is not None and clip.origin.span is not None and \
             clip.origin.span.line == line
-    if statement.startswith("on "):  # the optimizer's per-rank override (§6.4)
+    if statement.startswith("on "):  # a per-rank override (§6.4) or a parameter group (§6.5)
         from trainverify_dsl.lower.program import parallel_program
 
         opt = parallel_program(lw).optimizer
-        return opt is not None and any(o.origin.span is not None and o.origin.span.line == line
-                                       for o in opt.overrides)
+        return opt is not None and any(
+            s is not None and s.line == line
+            for s in [o.origin.span for o in opt.overrides] + [u.group.span for u in opt.updates])
     if statement.startswith("loss-reduction"):  # the program's loss reduction (§4.3)
         from trainverify_dsl.lower.program import parallel_program
 

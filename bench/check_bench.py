@@ -30,7 +30,7 @@ warnings.filterwarnings("ignore")
 from trainverify_dsl.api import check_file
 start = time.perf_counter()
 v = check_file(sys.argv[1], timeout=float(sys.argv[2]), time_limit=float(sys.argv[3]),
-               cache=False)
+               cache=False, fewer_microbatches=sys.argv[4:] != ["every"])
 print(json.dumps({"verdict": v.verdict, "seconds": time.perf_counter() - start,
                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "elements": v.elements, "normal_form": v.by_normal_form,
@@ -40,12 +40,16 @@ print(json.dumps({"verdict": v.verdict, "seconds": time.perf_counter() - start,
 """
 
 
-def measure(path: str, runs: int, timeout: float, limit: float, time_limit: float) -> dict:
+def measure(path: str, runs: int, timeout: float, limit: float, time_limit: float,
+            every_microbatch: bool = False) -> dict:
+    """``every_microbatch``: prove with every microbatch of the plan (``check_file``'s
+    ``fewer_microbatches=False``)."""
     results = []
     for _ in range(runs):
         try:
             out = subprocess.run([sys.executable, "-c", CHILD, path, str(timeout),
-                                  str(time_limit)], cwd=ROOT,
+                                  str(time_limit)] + (["every"] if every_microbatch else []),
+                                 cwd=ROOT,
                                  capture_output=True, text=True, check=False, timeout=limit)
         except subprocess.TimeoutExpired:
             return {"verdict": f"not finished in {limit:.0f} s", "seconds": limit,

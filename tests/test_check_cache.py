@@ -62,11 +62,17 @@ def test_no_cache_neither_reads_nor_writes(tmp_path: Path, counting: Counting):
 
 def test_a_changed_plan_is_a_miss(tmp_path: Path, counting: Counting):
     api.check_file(PLAN, cache_dir=tmp_path)
-    text = PLAN.read_text().replace("microbatches 2", "microbatches 4")
+    text = PLAN.read_text().replace("microbatches 2", "microbatches 1")
     assert text != PLAN.read_text()
     changed = api.check(text, base_dir=ROOT / "plans", cache_dir=tmp_path)
     assert changed.verdict == "verified" and not changed.cached and counting.calls == 2
     assert len(list(tmp_path.glob("*.json"))) == 2
+    # four microbatches are proven with two (docs/checking.md, "Fewer microbatches"): the
+    # same proof as the plan's own two, met again
+    four = api.check(PLAN.read_text().replace("microbatches 2", "microbatches 4"),
+                     base_dir=ROOT / "plans", cache_dir=tmp_path)
+    assert four.verdict == "verified" and four.cached and counting.calls == 2
+    assert any("proven with 2 of the plan's 4 microbatches" in a for a in four.assumptions)
 
 
 @pytest.mark.parametrize("plan", [PLAN, ROOT / "plans" / "mlp_dp_tp.tvp"],

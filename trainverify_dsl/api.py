@@ -33,7 +33,7 @@ from trainverify_dsl.plan.model import Plan, group_of
 from trainverify_dsl.report.codes_run import OVER_BUDGET
 from trainverify_dsl.report.diagnostics import Diagnostic, Severity
 from trainverify_dsl.report.span import Span
-from trainverify_dsl.shrink import without_idle_axes
+from trainverify_dsl.shrink import CHECKED_MICROBATCHES, without_idle_axes
 from trainverify_dsl.simulate.budget import Estimate, default_budget, estimate, human
 from trainverify_dsl.simulate.run import (
     FLOOR,
@@ -83,10 +83,12 @@ class SimulationSetup:
         return self.real_model
 
 
-def resolve_plan(path: str | Path) -> Plan:
+def resolve_plan(path: str | Path, microbatches: int | None = None) -> Plan:
+    """The plan at ``path`` (``microbatches``: resolved with that count in place of its
+    `microbatches` statement's); raises ``SimulationSetupError`` when it has errors."""
     from trainverify_dsl.plan import resolve_file
 
-    result = resolve_file(path)
+    result = resolve_file(path, microbatches=microbatches)
     errors = [d for d in result.diagnostics if d.severity is Severity.ERROR]
     if result.plan is None or errors:
         raise SimulationSetupError(errors or list(result.diagnostics),
@@ -95,7 +97,8 @@ def resolve_plan(path: str | Path) -> Plan:
 
 
 def prepare(path: str | Path, *, shrink: bool | None = None, real: bool = True,
-            allow_model_outside_root: bool = False) -> SimulationSetup:
+            allow_model_outside_root: bool = False,
+            microbatches: int | None = None) -> SimulationSetup:
     """Resolve the plan and build its model. The model file is looked up from the plan's
     folder and must lie inside it, the project or the stdlib unless
     ``allow_model_outside_root`` (``spec/load.py``); a refused file is not imported.
@@ -104,7 +107,7 @@ def prepare(path: str | Path, *, shrink: bool | None = None, real: bool = True,
     from trainverify_dsl.shrink import NOT_CONFIG, needs_shrinking
     from trainverify_dsl.spec.load import model_input_specs
 
-    plan = resolve_plan(path)
+    plan = resolve_plan(path, microbatches)
     if plan.spec is None:  # a missing mesh is TVP203, an error resolve_plan raised
         from trainverify_dsl.report.codes_run import NO_SPEC
 
@@ -517,6 +520,10 @@ class Programs:
     segmented: bool = False
     #: the layout pass's findings and full-size lowering (``build_programs(layout=...)``)
     layout: tuple[list[Diagnostic], Lowered | None] | None = None
+    #: the plan's microbatch count, when the programs run fewer (``build_programs(fewer=
+    #: True)``, ``shrink.fewer_microbatches``); why they do not, when the plan forbids it
+    microbatches_of_plan: int | None = None
+    same_microbatches_why: str = ""
 
 
 def build_programs(path: str | Path, *, shrink: bool | None = None,
@@ -524,7 +531,7 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
                    max_memory: int | None = None, progress: Progress = _quiet,
                    blocks: bool = False, segment: bool = True,
                    layout: tuple[list[Diagnostic], Lowered | None] | None = None,
-                   earlier: Programs | None = None) -> Programs:
+                   earlier: Programs | None = None, fewer: bool = False) -> Programs:
     """The layout pass at full size, then the plan's parallel program and the reference step
     at the shrunk sizes (``simulate_file`` explains the arguments and errors). The reference
     step is traced block by block (one graph per distinct block, every block traced and
@@ -536,10 +543,13 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     pass's findings and lowering when the caller has them already (``Programs.layout``).
     ``earlier``: a build of the same plan file at the same sizes (``tvp check`` lowers the
     plan again unsegmented to report a difference): its layout pass, setup and idle axes are
-    reused, and its reference step too when the new program reads the same marked points."""
+    reused, and its reference step too when the new program reads the same marked points.
+    ``fewer`` (``tvp check``): the programs run ``shrink.CHECKED_MICROBATCHES`` microbatches
+    where the plan's meaning allows (``shrink.fewer_microbatches``; docs/checking.md)."""
     from trainverify_dsl.shrink import work_refusal
 
-    refusal = work_refusal(resolve_plan(path))  # from the plan alone: ranks, microbatches
+    plan = resolve_plan(path)
+    refusal = work_refusal(plan)  # from the plan alone: ranks, microbatches
     if refusal is not None:
         raise SimulationSetupError([refusal])
     budget = default_budget() if max_memory is None else max_memory
@@ -557,12 +567,17 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
         # a model that cannot be built, traced or found at its full size is not simulated
         # at any size (its errors are the answer, at the spec line or the model's own line)
         raise SimulationSetupError(findings)
+    counts: tuple[int | None, str] = (None, "")
     if earlier is not None:  # its plan is already without its idle axes
         setup, idle = earlier.setup, earlier.idle
+        counts = (earlier.microbatches_of_plan, earlier.same_microbatches_why)
     else:
+        if fewer:
+            counts = _fewer_microbatches(path, plan)
         progress("shrinking the model's widths")
         setup = prepare(path, shrink=shrink, real=False,
-                        allow_model_outside_root=allow_model_outside_root)
+                        allow_model_outside_root=allow_model_outside_root,
+                        microbatches=CHECKED_MICROBATCHES if counts[0] is not None else None)
         setup.plan, idle = without_idle_axes(setup.plan)
     from trainverify_dsl.spec.fx_import import UnsupportedOps
     from trainverify_dsl.spec.trace import trace_training_step, unsupported_error
@@ -615,7 +630,45 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     if need.bytes > budget:
         raise SimulationSetupError([over_budget(setup.plan, need, budget, shrunk)])
     return Programs(setup, program, spec, reference_opt, findings, idle, need.bytes,
-                    lowered.binding.segmented, layout)
+                    lowered.binding.segmented, layout, *counts)
+
+
+def same_microbatch_data(program: ParallelProgram, values: dict[str, np.ndarray]
+                         ) -> dict[str, np.ndarray]:
+    """``values`` with every microbatch's integer and boolean data (token ids, labels, masks)
+    the first microbatch's: the checker's fewer microbatches prove each microbatch's step
+    for one draw of them (docs/checking.md, "Fewer microbatches"). Float inputs stay
+    variables of the proof; rows are microbatch-major (Rule 4.1)."""
+    from trainverify_dsl.ir.layout import MICROBATCH_AXIS
+
+    split = {s.spec for st in program.stages for s in st.inputs if s.kind == "data"
+             and s.layout.rank and any(MICROBATCH_AXIS in f.axes for f in s.layout.dims[0])}
+    out = dict(values)
+    m = program.microbatches
+    for name in split:
+        value = np.asarray(values.get(name))
+        if name not in values or np.issubdtype(value.dtype, np.floating) or \
+                value.shape[0] % m:
+            continue
+        rows = value.shape[0] // m
+        out[name] = np.concatenate([value[:rows]] * m, axis=0)
+    return out
+
+
+def _fewer_microbatches(path: str | Path, plan: Plan) -> tuple[int | None, str]:
+    """(the plan's count, "") when its programs may run ``CHECKED_MICROBATCHES``
+    microbatches; (None, why not) when the plan has more and forbids it; (None, "") when it
+    has no more."""
+    from trainverify_dsl.shrink import fewer_microbatches
+
+    if plan.microbatches <= CHECKED_MICROBATCHES:
+        return None, ""
+    try:
+        reduced = resolve_plan(path, CHECKED_MICROBATCHES)
+    except SimulationSetupError:
+        reduced = None
+    why = fewer_microbatches(plan, reduced)
+    return (None, why) if why is not None else (plan.microbatches, "")
 
 
 def _block_modules(model: Any) -> tuple[frozenset[str], str | None]:
@@ -710,14 +763,17 @@ TIME_LIMIT = 600.0
 def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
                allow_model_outside_root: bool = False, max_memory: int | None = None,
                progress: Progress = _quiet, time_limit: float | None = TIME_LIMIT,
-               cache: bool = True, cache_dir: str | Path | None = None) -> Any:
+               cache: bool = True, cache_dir: str | Path | None = None,
+               fewer_microbatches: bool = True) -> Any:
     """``tvp check``: prove the plan at ``path`` computes the spec's training step. Returns a
     ``check.verdict.Verdict``; never raises for a bad plan (its diagnostics are in the
     verdict). ``timeout``: seconds for each solver call. ``time_limit``: seconds for the
     whole plan (``None``: none); the phases before the proof (layout pass, lowering, numeric
     pre-check) are not interrupted, the proof stops where the limit finds it and the verdict
     is ``inconclusive``. ``cache``: read and write the proof cache (``check/cache.py``) in
-    ``cache_dir`` (``None``: its default folder)."""
+    ``cache_dir`` (``None``: its default folder). ``fewer_microbatches``: prove a plan of
+    more than two microbatches with two where its meaning allows (docs/checking.md, "Fewer
+    microbatches"); ``False`` runs every microbatch."""
     import time
 
     from trainverify_dsl.check.verdict import (
@@ -737,23 +793,29 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
         _check_seconds("time_limit", time_limit, positive=False)
     start = time.perf_counter()
     verdict = Verdict(ERROR, str(path))
+    built = None
     try:
         # always shrunk: the proof's cost grows with every width (the reduction keeps every
         # split's divisibility; docs/checking.md)
         built = build_programs(path, shrink=True, allow_model_outside_root=allow_model_outside_root,
                                stop_on_errors=False, max_memory=max_memory, progress=progress,
-                               blocks=True)
+                               blocks=True, fewer=fewer_microbatches)
         verdict.sizes, verdict.idle_axes = dict(built.setup.overrides), dict(built.idle)
+        verdict.microbatches = _microbatches_note(built)
         verdict.diagnostics = list(built.findings)
         model = built.setup.build_real()
         progress("numeric pre-check: both programs on random values")
         values = step_values(built.program, built.spec, model, seed)
+        if built.microbatches_of_plan is not None:
+            values = same_microbatch_data(built.program, values)
         result = simulate_programs(built.program, built.spec, built.reference_opt, model,
                                    seed, progress, values)
         again = second_draw(built.program, built.spec, built.reference_opt, model, seed,
                             progress) if result.agrees else None
         few = again is not None
         if few:
+            # a difference at any draw of the plan with fewer microbatches is one of the
+            # plan's (docs/checking.md): its own draw stands
             values, result = again
         if not result.agrees and built.segmented:
             # a difference is reported on the plan's own stages, never on the split ones
@@ -809,8 +871,27 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
                     "stage per block (the same ops on the same ranks, the hidden state passed "
                     "within each rank; lower/bind.py segment_stages); the numeric pre-check "
                     "ran that program")
+    if verdict.microbatches and verdict.verdict in (VERIFIED, INCONCLUSIVE, COUNTEREXAMPLE):
+        verdict.assumptions.append(verdict.microbatches)
+    elif built is not None and built.same_microbatches_why and verdict.verdict != ERROR:
+        verdict.notes.append(f"all {built.program.microbatches} microbatches were run: "
+                             f"{built.same_microbatches_why}")
     verdict.seconds = time.perf_counter() - start
     return verdict
+
+
+def _microbatches_note(built: Programs) -> str:
+    """What the verdict says of the microbatch count it was proven with ("": the plan's)."""
+    full = built.microbatches_of_plan
+    if full is None:
+        return ""
+    ran = built.program.microbatches
+    return (f"microbatches: proven with {ran} of the plan's {full} microbatches: every "
+            f"microbatch runs the same stage programs on its own rows, the gradient "
+            f"statements sum them, and the seed times the count is the same at {ran} and "
+            f"{full} (docs/checking.md, \"Fewer microbatches\"); the {ran} microbatches "
+            f"carry the same drawn token ids, labels and masks, so each microbatch's step is "
+            f"proven for those; a counterexample is one of the plan with {ran}")
 
 
 #: What a plan given as text is called in its verdict and diagnostics.

@@ -745,6 +745,44 @@ def without_idle_axes(plan: Any) -> tuple[Any, dict[str, int]]:
     return replace(plan, mesh=replace(plan.mesh, axes=axes)), idle
 
 
+# -- fewer microbatches (docs/checking.md, "Fewer microbatches"): every microbatch runs the same
+# stage programs on its own rows and the gradient statements sum their gradients, so with a
+# seed ``s(M)`` such that ``M * s(M)`` does not depend on ``M`` the step is the spec's at ``M``
+# microbatches exactly when it is at two. ``tvp check`` proves the plan at two when the plan
+# allows it; the full-size layout pass and ``tvp simulate`` keep the plan's count.
+
+#: The microbatches ``tvp check`` proves a plan with, where ``fewer_microbatches`` allows.
+CHECKED_MICROBATCHES = 2
+
+
+def fewer_microbatches(plan: Any, reduced: Any) -> str | None:
+    """Why ``plan`` (its ``microbatches`` statement's count) may not be proven as ``reduced``
+    (the same plan resolved with ``CHECKED_MICROBATCHES``), or ``None`` when it may: the two
+    differ in the count and the seed only, the seed times the count is the same, no gradient
+    statement runs after a given microbatch, nothing couples the microbatches (clipping acts
+    on the accumulated gradients; a token-mean or sum loss reduction counts over them)."""
+    if plan.loss_reduction is not None and plan.loss_reduction.mode != "local-mean":
+        return f"`loss-reduction {plan.loss_reduction.mode}` counts over the microbatches"
+    if plan.clip_grad_norm is not None:
+        return "clipping acts on the gradients accumulated over every microbatch"
+    from trainverify_dsl.plan.checks import sync_time
+
+    timed = next((c for c in plan.collectives if c.target.grad
+                  and isinstance(sync_time(c, plan.microbatches), int)), None)
+    if timed is not None:
+        return f"a gradient statement runs after microbatch {sync_time(timed, plan.microbatches)}"
+    if reduced is None:
+        return "the plan with fewer microbatches does not resolve"
+    if plan.microbatches * plan.loss_scale != reduced.microbatches * reduced.loss_scale:
+        return (f"its seed times the microbatch count is not the same at both counts "
+                f"(loss-scale {plan.loss_scale} at {plan.microbatches} microbatches, "
+                f"{reduced.loss_scale} at {reduced.microbatches}): write the seed in terms "
+                f"of the count, `loss-scale 1/microbatches`")
+    if replace(reduced, microbatches=plan.microbatches, loss_scale=plan.loss_scale) != plan:
+        return "another statement than `loss-scale` depends on the microbatch count"
+    return None
+
+
 # -- work bounds decided from the plan alone (issue 13): the simulation evaluates every rank
 # (rank-batched, one array row per rank of a stage) and loops over the microbatches, so a
 # mesh of millions of ranks or a loop of millions of microbatches is refused before torch is

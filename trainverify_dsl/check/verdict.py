@@ -81,6 +81,9 @@ class Verdict:
     #: the sizes proven at (shrunk widths) and the mesh axes run at size 1
     sizes: dict[str, Any] = field(default_factory=dict)
     idle_axes: dict[str, int] = field(default_factory=dict)
+    #: the programs ran fewer microbatches than the plan's (``shrink.fewer_microbatches``):
+    #: what that rests on ("": the plan's count)
+    microbatches: str = ""
     #: the proof was read from the proof cache (``check/cache.py``), not run again
     cached: bool = False
     #: the obligations left unproven (for inconclusive verdicts): ``(where, reason)``

@@ -80,8 +80,10 @@ class _Parts:
 
 class Builder:
     def __init__(self, leaves: list[Leaf], main_file: str, files: list[str],
-                 collector: Collector, *, has_header: bool):
+                 collector: Collector, *, has_header: bool, microbatches: int | None = None):
         self.leaves, self.main_file, self.files = leaves, main_file, files
+        #: the microbatch count in place of the statement's (``resolve_plan_file``)
+        self.forced_microbatches = microbatches
         self.collector = collector
         self.has_header = has_header
         self.evaluator = Evaluator(collector)
@@ -240,6 +242,8 @@ class Builder:
                     help="state how many microbatches each dp rank runs per step (>= 1)"))
             elif value is not None:
                 count = int(value)
+            if self.forced_microbatches is not None:
+                count = self.forced_microbatches
             schedule = self._schedule(stmt, origin)
         self.evaluator.names["microbatches"] = Fraction(count)
         return count, schedule

@@ -34,12 +34,13 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from trainverify_dsl.ir.layout import TLayout
+from trainverify_dsl.ir.layout import TLayout, append_axes
 from trainverify_dsl.lower import loss as loss_norm
 from trainverify_dsl.lower.capture import MARK, module_stack
 from trainverify_dsl.lower.findings import Finding, LoweringError
@@ -181,10 +182,16 @@ def context_parallel_attention(x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 
 
 def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                        axes: tuple[str, ...], n: int) -> torch.Tensor:
-    """``x [..., in/n]`` and ``weight [out, in/n]`` local; ``bias [out]`` whole."""
+                        axes: tuple[str, ...], n: int,
+                        scatter_dim: int | None = None) -> torch.Tensor:
+    """``x [..., in/n]`` and ``weight [out, in/n]`` local; ``bias [out]`` whole. The partial
+    product is all-reduced, or (``scatter_dim``, sequence parallelism) reduce-scattered
+    along that dimension; the bias is added once, after."""
     partial = torch.matmul(x, weight.t())
-    return _coll(partial, "all_reduce", axes, n) + bias
+    if scatter_dim is None:
+        return _coll(partial, "all_reduce", axes, n) + bias
+    return _coll(partial, "reduce_scatter", axes, n, dim=scatter_dim,
+                 backward="all_gather") + bias
 
 
 # -- what an algorithm sees of the lowering -------------------------------------------------
@@ -619,12 +626,30 @@ def _lower_row_parallel(cx: Context, site: Site) -> tuple[torch.fx.Node, TLayout
                                     f"{x_lay.describe()}")
     _, n = cx.group(site.axes)
     axes = site.axes
+    dims = x_lay.dims[:-1] + (cx.layout(weight).dims[0],)
+    x_local = cx.local(x)
+    scatter = dict(site.options).get("scatter-dim")
+    if scatter is not None:  # Megatron's sequence-parallel RowParallelLinear
+        if not isinstance(scatter, Fraction) or scatter.denominator != 1 or \
+                not 0 <= scatter < len(dims) - 1:
+            raise _not_applicable(site, f"`scatter-dim={scatter}` must name a dimension of "
+                                        f"its output before the features: 0 to {len(dims) - 2}")
+        d = int(scatter)
+        local = x_local.meta["val"].shape[d]
+        if any(set(f.axes) & set(axes) for f in dims[d]) or local % n:
+            raise _not_applicable(site, f"its output's dimension {d} (local size {local}) "
+                                        f"must be whole over {', '.join(axes)} and divide "
+                                        f"into {n} blocks to be reduce-scattered")
+        dims = dims[:d] + (append_axes(dims[d], axes),) + dims[d + 1:]
+        # the bias is added to each rank's block of rows: its gradient sums that block only
+        # (Megatron marks it `sequence_parallel` and all-reduces it over tp)
+        cx.partial_cotangent(bias, axes, site.origin)
 
     def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return row_parallel_linear(x, w, b, axes, n)
+        return row_parallel_linear(x, w, b, axes, n,
+                                   None if scatter is None else int(scatter))
 
-    out = inline(cx, run, [cx.local(x), cx.local(weight), cx.local(bias)])
-    dims = x_lay.dims[:-1] + (cx.layout(weight).dims[0],)
+    out = inline(cx, run, [x_local, cx.local(weight), cx.local(bias)])
     return out, TLayout(dims, None, False)
 
 

@@ -302,6 +302,9 @@ class GradientTracker:
         cot = self.backward()
         used = {value for item in self.record if isinstance(item, _Op)
                 for value, _, _ in item.operands}
+        # a parameter an algorithm reads and declares partial (row-parallel-linear's bias
+        # under sequence parallelism)
+        used |= {item.source for item in self.record if isinstance(item, _AlgorithmInput)}
         # A backward that sums over a data axis (an all-gather of a sequence split over a data
         # axis) already adds different data blocks' gradients: the scale accounting of §4.7
         # then depends on the activations, and is not checked here.

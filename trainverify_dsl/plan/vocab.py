@@ -69,7 +69,7 @@ ALGORITHMS = (
 #: computes its positions for (§7.4; it must be the order the inputs are split in, §2.6).
 ALGORITHM_OPTIONS: dict[str, tuple[str, ...]] = {
     **{name: () for name in ALGORITHMS}, "vocab-parallel-cross-entropy": ("smoothing",),
-    "context-parallel-attention": ("order",)}
+    "context-parallel-attention": ("order",), "row-parallel-linear": ("scatter-dim",)}
 ALGORITHM_OPTION_VALUES: dict[tuple[str, str], tuple[str, ...]] = {
     ("vocab-parallel-cross-entropy", "smoothing"): ("vocabulary", "partition"),
     ("context-parallel-attention", "order"): ("contiguous", "zigzag")}

@@ -38,6 +38,8 @@ VERIFIED_PLANS = ["mlp_tiny_dp", "mlp_dp_tp", "mlp_tp_gather_output", "mlp_tiny_
                   # LayerNorm and GELU: proven since both programs decompose alike
                   # (spec/trace.py ``decompositions``)
                   pytest.param("gpt2_tiny_tp", marks=pytest.mark.slow),
+                  # sequence parallelism with biased row-parallel layers (scatter-dim)
+                  pytest.param("gpt2_tiny_sp", marks=pytest.mark.slow),
                   pytest.param("deepseek_tiny_pp", marks=pytest.mark.slow),
                   pytest.param("deepseek_tiny_ep", marks=pytest.mark.slow),
                   # RoPE's backward needs the sums one side holds multiplied out

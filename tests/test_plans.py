@@ -38,9 +38,7 @@ EXPECTED_BUGS = (
     "send_wrong_stage", "vocab_ce_on_gathered_logits",
 )
 #: Templates no shipped plan applies yet, with the reason (kept honest by a test below).
-UNUSED_TEMPLATES = {
-    "sp_layernorm": "GPT-2 with sequence parallelism needs the row-parallel bias point",
-}
+UNUSED_TEMPLATES: dict[str, str] = {}
 #: (paper configuration, plan): mesh axis sizes as published (dp may be split as dp x ep).
 PAPER_MESHES = {
     "llama3_8b_dp": {"dp": 512},

@@ -18,31 +18,8 @@ from trainverify_dsl import api
 from trainverify_dsl.api import simulate_file
 from trainverify_dsl.oracle import run_distributed
 
-PLAN = """plan gpt2_sp_bias
-spec "stdlib/models/gpt2.py:GPT2" config gpt2_tiny batch 4 seq 8
-spec-optimizer adam lr=6e-4 betas=(0.9, 0.95) eps=1e-8
-mesh dp=2, tp=2
-use "stdlib/megatron.tvp"
-
-split tokens [dp, -]
-split labels [dp, -]
-
-scatter layers.0.in over tp dim=1
-for l in layers:
-    apply sp_layernorm(l.attention_norm, tp)
-    apply column_parallel_bias_sp(l.attention.wq, tp)
-    apply column_parallel_bias_sp(l.attention.wk, tp)
-    apply column_parallel_bias_sp(l.attention.wv, tp)
-    apply row_parallel_bias_sp(l.attention.wo, tp)
-    apply sp_layernorm(l.ffn_norm, tp)
-    apply column_parallel_bias_sp(l.feed_forward.w1, tp)
-    apply row_parallel_bias_sp(l.feed_forward.w2, tp)
-apply sp_layernorm(norm, tp)
-all-gather norm.out over tp dim=1 backward scatter
-
-all-reduce grad(params) over dp op=avg
-optimizer adam lr=6e-4 betas=(0.9, 0.95) eps=1e-8
-"""
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = (ROOT / "plans" / "gpt2_tiny_sp.tvp").read_text()
 
 
 def write(tmp_path: Path, text: str) -> Path:

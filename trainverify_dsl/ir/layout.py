@@ -183,11 +183,22 @@ def reshape_dims(dims: Sequence[Dim], shape: Sequence[int],
     flat = [f for d in dims for f in normalize_dim(d)]
     out: list[Dim] = []
     i = 0
+
+    def mismatch() -> LayoutError:
+        # the spec's reshape meets a value of another size: a collective before it (an
+        # all-to-all or a gather on the wrong dimension) changed the value's shape
+        given = TLayout(tuple(dims))
+        total = math.prod(given.global_shape())
+        return LayoutError(f"reshape to {tuple(shape)} ({math.prod(int(n) for n in shape)} "
+                           f"elements) does not match its input, laid out "
+                           f"{given.describe()} ({total} elements): a collective before it "
+                           f"changed the value's shape")
+
     for n in shape:
         need, got = int(n), []
         while need > 1:
             if i >= len(flat):
-                raise LayoutError(f"reshape to {tuple(shape)} does not match the input")
+                raise mismatch()
             f = flat[i]
             if f.size <= need and need % f.size == 0:
                 got.append(f)
@@ -209,7 +220,7 @@ def reshape_dims(dims: Sequence[Dim], shape: Sequence[int],
                 raise LayoutError(f"reshape to {tuple(shape)} regroups a split dimension")
         out.append(tuple(got) or (Factor(1),))
     if any(f.size != 1 or f.axes for f in flat[i:]):
-        raise LayoutError(f"reshape to {tuple(shape)} does not match the input")
+        raise mismatch()
     return tuple(out)
 
 

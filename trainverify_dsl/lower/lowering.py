@@ -408,6 +408,7 @@ class _Lowering:
                 self._layout_input(node)
             elif node.op == "call_function" and packet_name(node.target) == MARK:
                 self.marks.setdefault(node.args[1], node)
+        self._unreached_points()
         self._assign_stages(graph)
         self.algorithm_context = _AlgorithmContext(self)
         self.loss_region = algorithms.loss_region(self.algorithm_context, graph)
@@ -436,6 +437,30 @@ class _Lowering:
                 self.visit(node)
             elif node.op == "output":
                 self._outputs(node)
+
+    def _unreached_points(self) -> None:
+        """A statement at a module boundary no value crosses — a container the model never
+        calls (an ``nn.ModuleList`` or ``nn.ModuleDict`` itself, a module whose weight is
+        used through ``F.linear``), an input it is not given — would be dropped: an error at
+        the statement (docs/semantics.md §10), as a name that selects nothing is."""
+        statements = [(point, st.origin, "statement")
+                      for point, sts in self.binding.point_collectives.items() for st in sts]
+        statements += [(point, claim.layout.origins[-1], "layout claim")
+                       for point, claims in self.binding.claims.items() if point != "loss"
+                       for claim in claims if claim.layout.origins]
+        for point, origin, what in statements:
+            if point in self.marks:
+                continue
+            module, _, side = point.rpartition(".")
+            called = any(p.rpartition(".")[0] == module for p in self.marks)
+            why = (f"the model calls `{module}` without this input" if called else
+                   f"the model never calls `{module}` (a container such as nn.ModuleList "
+                   f"or nn.ModuleDict, or a module whose parameters are used directly)")
+            self.findings.append(Finding(
+                codes_lower.UNBOUND_NAME, f"no value crosses `{point}`: {why}, so this {what} "
+                f"would apply to nothing", origin, point,
+                help="name the boundary of a module the model calls (`layers.3.out`, not "
+                     "`layers.out`), or the parameters of one used directly"))
 
     def _layout_input(self, node: torch.fx.Node) -> None:
         kind, spec = self.cap.placeholders[node.name]

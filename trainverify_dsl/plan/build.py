@@ -11,7 +11,7 @@ from fractions import Fraction
 from trainverify_dsl.parse import ast
 from trainverify_dsl.parse.format import value_text
 from trainverify_dsl.plan import messages, vocab
-from trainverify_dsl.plan.evaluate import Evaluator
+from trainverify_dsl.plan.evaluate import VALUE_NAMES, Evaluator
 from trainverify_dsl.plan.expand import Leaf
 from trainverify_dsl.plan.layouts import (
     LayoutStmt,
@@ -200,6 +200,15 @@ class Builder:
                     codes.DUPLICATE_MESH_AXIS, f"mesh axis '{axis.name.name}' is declared twice",
                     sub, help="give every mesh axis a distinct name"))
                 continue
+            if axis.name.name in VALUE_NAMES:
+                # both would be read by expressions (`loss-scale 1/(batch*microbatches)`)
+                meaning = {"batch": "the global batch size", "seq": "the sequence length",
+                           "microbatches": "the microbatch count"}[axis.name.name]
+                self.collector.add(messages.at(
+                    codes.DUPLICATE_MESH_AXIS, f"mesh axis '{axis.name.name}' has the name "
+                    f"expressions read as {meaning} (`loss-scale 1/microbatches`): the name "
+                    f"would mean either", sub,
+                    help="give the axis another name (`dp`, `mb`, `sq`)"))
             size = self._mesh_size(axis, sub, devices)
             if size is not None:
                 devices *= size

@@ -70,8 +70,10 @@ INVALID_MESH_SIZE = _code(
 )
 DUPLICATE_MESH_AXIS = _code(
     "TVP206", "duplicate-mesh-axis", "a mesh axis name is used twice",
-    "The `mesh` statement names the same axis twice.",
-    "Axis names address groups of devices; a repeated name is ambiguous.",
+    "The `mesh` statement names the same axis twice, or names an axis `batch`, `seq` or "
+    "`microbatches`, which expressions read as the step's counts.",
+    "Axis names address groups of devices and are numbers in expressions; a repeated name is "
+    "ambiguous.",
     _HEAD + "mesh dp=2, dp=2\n",
     _HEAD + "mesh dp=2, tp=2\n",
 )

@@ -453,4 +453,26 @@ def model_input_specs(model: Any, batch: int, seq: int, where: str = "") -> Any:
     from trainverify_dsl.spec.trace import check_input_specs
 
     check_input_specs(specs, where)
+    order = _forward_order(model, specs)
+    if order is not None:
+        raise fail(codes.BAD_INPUT_SPEC, f"{type(model).__name__}.input_specs lists the "
+                   f"inputs as {', '.join(specs)}, forward takes them as {', '.join(order)}: "
+                   f"they are passed in input_specs' order, so each would reach the other's "
+                   f"parameter", where, help="list input_specs in forward's argument order "
+                   "(docs/models.md)")
     return specs
+
+
+def _forward_order(model: Any, specs: Any) -> list[str] | None:
+    """Forward's parameter names when they are input_specs' names in another order (the
+    inputs are passed by position), else ``None``."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(type(model).forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return None
+    positional = [p.name for p in params
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:len(specs)]
+    names = list(specs)
+    return positional if sorted(positional) == sorted(names) and positional != names else None

@@ -107,6 +107,13 @@ class _Op:
     where: str = ""
 
 
+def _gathers(item: _Collective) -> set[str]:
+    """The axes whose pieces the statement's backward gathers (an all-gather backward)."""
+    statement = item.statement
+    backward = getattr(statement, "backward", None)
+    return set(statement.axes) if backward == "all-gather" else set()
+
+
 @dataclass(frozen=True, slots=True)
 class _AlgorithmInput:
     """An input of a parallel algorithm whose cotangent the algorithm's backward makes
@@ -308,8 +315,12 @@ class GradientTracker:
         # A backward that sums over a data axis (an all-gather of a sequence split over a data
         # axis) already adds different data blocks' gradients: the scale accounting of §4.7
         # then depends on the activations, and is not checked here.
+        # So does one whose backward gathers the pieces of a data axis (the all-gather
+        # backward of a `scatter` of a sequence split over a data axis: every rank's
+        # gradient then reads every block's cotangent).
         self._scale_checked = loss_mode != "sum" and not any(
-            isinstance(item, _Collective) and set(item.sums) & data_axes for item in self.record)
+            isinstance(item, _Collective) and (set(item.sums) | _gathers(item)) & data_axes
+            for item in self.record)
         missing: dict[tuple[str, tuple[Span | None, str]], list[str]] = {}
         checked: set[str] = set()
         for node, param in self.params.items():
@@ -425,11 +436,20 @@ class GradientTracker:
                 # divides what that factor multiplied
                 factor /= math.prod(self._group_size(param, a) for a in axes
                                     if a in before and a not in undone)
-        for left in pending:  # multiplied, and no average undoes it: at its collective
-            self._report(left)
         data = sorted(a for a in partial if a in data_axes)
         reduced = {a for _, axes in applied for a in axes}
         decidable = set(data) <= reduced and self._scale_checked
+        if pending and decidable and loss_scale * microbatches != 1:
+            # a backward's sum of complete copies no average undid, divided back by the loss
+            # scale (a loss computed whole on every rank after an all-gather, `loss-scale
+            # 1/sp`): right where the whole §4.7 product, with its factor, is 1
+            multiplied = factor * math.prod(self.sizes[f.axis] for f in pending)
+            if self._product(multiplied, data, loss_scale, microbatches) == 1:
+                factor = multiplied
+                self._cancelled.update(pending)
+                pending = []
+        for left in pending:  # multiplied, and no average undoes it: at its collective
+            self._report(left)
         if copies and (not decidable or loss_scale * microbatches == 1):
             # the scale is not decidable from the statements (or the data reduction is
             # missing), or it only undoes the microbatch sum: a sum of complete copies is a
@@ -473,6 +493,14 @@ class GradientTracker:
                         f"loss-scale {loss_scale} x {microbatches} microbatches x {ranks} data "
                         f"ranks ({', '.join(data)}) is not 1 (docs/semantics.md §4.7)"
                         f"{summed}", param, help)
+
+    def _product(self, factor: Fraction, data: list[str], loss_scale: Fraction,
+                 microbatches: int) -> Fraction:
+        """The §4.7 product of a reduction's ``factor`` (Rule 4.5 for a token-mean loss)."""
+        if self._token_mean is not None:
+            rest = [a for a in data if a not in self._token_mean]
+            return factor * loss_scale * math.prod(self.sizes[a] for a in rest)
+        return factor * loss_scale * microbatches * math.prod(self.sizes[a] for a in data)
 
     def _scale_at_fault(self, applied: list[Any], reduction: Fraction, loss_scale: Fraction,
                         microbatches: int, reducer: Any = None) -> tuple[Any, str | None]:

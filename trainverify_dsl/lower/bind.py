@@ -26,6 +26,7 @@ from trainverify_dsl.ir.layout import MICROBATCH_AXIS, Factor, TLayout, append_a
 from trainverify_dsl.lower.findings import Finding
 from trainverify_dsl.plan.checks import (
     INTERLEAVED,
+    find_layers_out_of_range,
     indexed_lists,
     is_layer_selection,
     layer_chunks,
@@ -292,7 +293,18 @@ class _Binder:
         self._algorithms()
         self._sends()
         self._param_groups()
+        self._lists_in_range()
         return self.b
+
+    def _lists_in_range(self) -> None:
+        """TVP268 at the model's real list lengths: ``tvp lint`` knows a length only from a
+        stdlib model's layer count (a user model's ``n_layers`` may mean anything)."""
+        spec = self.plan.spec
+        if spec is None or spec.model.startswith("stdlib/"):
+            return  # checked by the plan checks with its config's count
+        for path, n in self._stage_lists().items():
+            for d in find_layers_out_of_range(self.plan, path, n):
+                self.b.errors.append(Finding(d.code, d.message, d.span, "", d.help, d.notes))
 
     def _param_groups(self) -> None:
         """Parameter groups (§6.5): every target selects a parameter, and no parameter is in

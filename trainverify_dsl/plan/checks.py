@@ -384,18 +384,19 @@ def find_input_problems(plan: Plan) -> list[NotDivisible | RankMismatch | BatchO
 
 
 def layer_count(plan: Plan, project_root: Path, collector: Collector) -> int | None:
-    """The layer count: an ``n_layers`` setting on the spec line (it overrides the config,
-    as for every model keyword), else ``n_layers`` of the spec's stdlib config, else ``None``
-    (a user model, an unknown config)."""
+    """The layer count of a stdlib model: an ``n_layers`` setting on the spec line (it
+    overrides the config, as for every model keyword), else ``n_layers`` of its config; else
+    ``None`` (a user model, whose ``n_layers`` argument may mean anything: its lists are
+    checked at their real lengths once it is built; an unknown config)."""
     spec = plan.spec
-    if spec is None:
+    if spec is None or not spec.model.startswith("stdlib/"):
         return None
     stated = dict(spec.settings).get("n_layers")
     if isinstance(stated, Fraction) and stated.denominator == 1 and stated >= 0:
         return int(stated)
     if isinstance(stated, int) and not isinstance(stated, bool) and stated >= 0:
         return stated
-    if spec.config is None or not spec.model.startswith("stdlib/"):
+    if spec.config is None:
         return None
     configs = _read_configs(project_root / CONFIGS_JSON)
     if configs is None:

@@ -75,3 +75,25 @@ def test_inputs_listed_out_of_forward_order_are_tvp307(tmp_path: Path) -> None:
     found = [d for d in api.layout_diagnostics(path) if d.severity == "error"]
     assert [(d.code.id, d.span.line) for d in found] == [("TVP307", 2)]
     assert "x0, target" in found[0].message
+
+
+@pytest.mark.parametrize("rename", ["input", "module"])
+def test_the_name_loss_on_an_input_or_a_module_is_tvp315(tmp_path: Path, rename: str) -> None:
+    """`loss` is the step's loss in plans and the IR: an input named so read `split loss` as
+    a claim on the scalar loss, and the commands that build the model ended in TVP308
+    ('loss' defined twice) at no real location; a top-level module named so could not be put
+    on a pipeline stage."""
+    model = MODEL.replace("{INPUTS}", IN_ORDER)
+    if rename == "input":
+        model = model.replace('"target"', '"loss"').replace(", target)", ", loss)") \
+            .replace("- target", "- loss")
+    else:
+        model = model.replace("self.head", "self.loss")
+    (tmp_path / "model.py").write_text(model)
+    path = tmp_path / "p.tvp"
+    path.write_text('plan t\nspec "model.py:Net" batch 8 seq 1\nspec-optimizer sgd lr=0.1\n'
+                    "mesh dp=2\nsplit x0 [dp, -]\nall-reduce grad(params) over dp op=avg\n"
+                    "optimizer sgd lr=0.1\n")
+    found = [d for d in api.layout_diagnostics(path) if d.severity == "error"]
+    assert [d.code.id for d in found] == ["TVP315"]
+    assert "`loss`" in found[0].message

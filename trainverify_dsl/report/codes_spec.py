@@ -178,10 +178,11 @@ FROZEN_PARAMETER = Code(
 
 UNUSABLE_NAME = Code(
     "TVP315", "unusable-name", Severity.ERROR,
-    "a parameter or buffer named with a Python keyword, or named `loss`",
+    "a parameter or buffer named with a Python keyword, or a name `loss`",
     what="A parameter or buffer of the spec model has a Python keyword as a part of its name "
-         "(`self.register_parameter(\"in\", ...)`), which torch.export cannot trace, or is "
-         "named `loss`, the name plans and the training-step IR give the step's loss.",
+         "(`self.register_parameter(\"in\", ...)`), which torch.export cannot trace, or a "
+         "parameter, buffer, model input or top-level submodule is named `loss`, the name "
+         "plans and the training-step IR give the step's loss.",
     why="The first ended in an internal error inside torch; the second in an IR error about "
         "`loss` being defined twice. Neither says that the name is the problem.",
     example='# model code: self.register_parameter("in", nn.Parameter(torch.ones(d)))',

@@ -397,7 +397,12 @@ def load_model(ref: str | ModelRef, config: str | None = None, *, fake: bool = T
 
 def _refuse_unusable_names(model: Any, cls: str, where: str) -> None:
     """TVP315 for a parameter or buffer with a Python keyword in its name (torch.export's
-    generated code cannot name it) or named ``loss`` (the step's loss in plans and IR)."""
+    generated code cannot name it) or named ``loss`` (the step's loss in plans and IR), and
+    for a module named ``loss`` (a plan's `loss` is the step's loss)."""
+    if any(name == "loss" for name, _ in getattr(model, "named_modules", lambda: ())()):
+        raise fail(codes.UNUSABLE_NAME, f"{cls}'s submodule `loss` cannot be addressed "
+                   "under this name: in a plan `loss` is the step's loss (`pipeline-stage 1: "
+                   "..., loss`)", where, help="rename the module (for example `loss_fn`)")
     named = list(getattr(model, "named_parameters", lambda: ())()) + \
         list(getattr(model, "named_buffers", lambda: ())())
     for name, _ in named:
@@ -453,6 +458,11 @@ def model_input_specs(model: Any, batch: int, seq: int, where: str = "") -> Any:
     from trainverify_dsl.spec.trace import check_input_specs
 
     check_input_specs(specs, where)
+    if "loss" in specs:
+        raise fail(codes.UNUSABLE_NAME, f"{type(model).__name__}'s input `loss` cannot be "
+                   "checked under this name: `loss` is the name plans and the IR give the "
+                   "step's loss (`split loss ...` would be a claim on it)", where,
+                   help="rename the forward argument and its input_specs key")
     order = _forward_order(model, specs)
     if order is not None:
         raise fail(codes.BAD_INPUT_SPEC, f"{type(model).__name__}.input_specs lists the "

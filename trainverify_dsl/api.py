@@ -617,6 +617,14 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
         program = parallel_program(lowered)
     except UnsupportedOps as error:  # an op of the plan's stages with no IR meaning (dropout)
         raise unsupported_error(error) from None
+    if counts[0] is not None and _reads_microbatch_index(program):
+        # the argument for fewer microbatches needs every microbatch to run the same
+        # programs: one that reads its index is run with every microbatch
+        return build_programs(path, shrink=shrink,
+                              allow_model_outside_root=allow_model_outside_root,
+                              stop_on_errors=stop_on_errors, max_memory=max_memory,
+                              progress=progress, blocks=blocks, segment=segment,
+                              layout=layout, fewer=False)
     points = reference_points(program)
     if earlier is not None and reference_points(earlier.program) == points:
         spec = earlier.spec  # the same model, sizes, optimizer and points
@@ -631,6 +639,14 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
         raise SimulationSetupError([over_budget(setup.plan, need, budget, shrunk)])
     return Programs(setup, program, spec, reference_opt, findings, idle, need.bytes,
                     lowered.binding.segmented, layout, *counts)
+
+
+def _reads_microbatch_index(program: ParallelProgram) -> bool:
+    """Whether a stage program reads the microbatch coordinate (``coord.@mb``)."""
+    from trainverify_dsl.ir.layout import MICROBATCH_AXIS
+
+    return any(s.kind == "coord" and s.spec == MICROBATCH_AXIS
+               for st in program.stages for s in st.inputs)
 
 
 def same_microbatch_data(program: ParallelProgram, values: dict[str, np.ndarray]

@@ -130,3 +130,36 @@ def test_after_each_and_a_seed_with_other_factors_are_reduced(tmp_path: Path) ->
                   .replace("op=avg", "op=sum"), "other.tvp")
     verdict = check_file(other, cache=False)
     assert verdict.verdict == VERIFIED and reduced(verdict), verdict.reason
+
+
+def test_an_op_mixing_the_microbatches_rows_stops_the_check(tmp_path: Path) -> None:
+    """The argument needs every op but the loss's mean to keep microbatches apart (the two
+    microbatches carry the same ids, under which a batch statistic of duplicated rows would
+    equal one microbatch's): the layout pass, which runs first, rejects an op mixing the rows
+    of different microbatches, so such a plan is never verified with two."""
+    (tmp_path / "center.py").write_text('''import torch
+from torch import nn
+
+
+class Center(nn.Module):
+    def __init__(self, d=4):
+        super().__init__()
+        self.d = d
+        self.fc = nn.Linear(d, d)
+
+    def input_specs(self, batch, seq):
+        dt = torch.get_default_dtype()
+        return {"x": ((batch, self.d), dt), "y": ((batch, self.d), dt)}
+
+    def forward(self, x, y):
+        h = torch.tanh(self.fc(x))
+        h = h - h.mean(0, keepdim=True)
+        return ((h - y) ** 2).mean()
+''')
+    path = write(tmp_path, 'plan c\nspec "center.py:Center" batch 16 seq 1\n'
+                 "spec-optimizer sgd lr=0.1\nmesh dp=1\nmicrobatches 4\n"
+                 "loss-scale 1/microbatches\nsplit x [dp, -]\nsplit y [dp, -]\n"
+                 "optimizer sgd lr=0.1\n")
+    verdict = check_file(path, cache=False)
+    assert verdict.verdict != VERIFIED
+    assert {d.code.id for d in verdict.diagnostics} & {"TVP403", "TVP404"}

@@ -30,7 +30,8 @@ warnings.filterwarnings("ignore")
 from trainverify_dsl.api import check_file
 start = time.perf_counter()
 v = check_file(sys.argv[1], timeout=float(sys.argv[2]), time_limit=float(sys.argv[3]),
-               cache=False, fewer_microbatches=sys.argv[4:] != ["every"])
+               cache=False, fewer_microbatches="every" not in sys.argv[4:],
+               fewer_ranks="every-rank" not in sys.argv[4:])
 print(json.dumps({"verdict": v.verdict, "seconds": time.perf_counter() - start,
                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "elements": v.elements, "normal_form": v.by_normal_form,
@@ -41,14 +42,16 @@ print(json.dumps({"verdict": v.verdict, "seconds": time.perf_counter() - start,
 
 
 def measure(path: str, runs: int, timeout: float, limit: float, time_limit: float,
-            every_microbatch: bool = False) -> dict:
+            every_microbatch: bool = False, every_rank: bool = False) -> dict:
     """``every_microbatch``: prove with every microbatch of the plan (``check_file``'s
-    ``fewer_microbatches=False``)."""
+    ``fewer_microbatches=False``); ``every_rank``: with every data-parallel rank
+    (``fewer_ranks=False``)."""
     results = []
     for _ in range(runs):
         try:
             out = subprocess.run([sys.executable, "-c", CHILD, path, str(timeout),
-                                  str(time_limit)] + (["every"] if every_microbatch else []),
+                                  str(time_limit)] + (["every"] if every_microbatch else [])
+                                 + (["every-rank"] if every_rank else []),
                                  cwd=ROOT,
                                  capture_output=True, text=True, check=False, timeout=limit)
         except subprocess.TimeoutExpired:
@@ -75,6 +78,8 @@ def main() -> None:
                         help="seconds a plan may take before it is killed (default 900)")
     parser.add_argument("--time-limit", type=float, default=600.0,
                         help="tvp check's own limit per plan (default 600, its default)")
+    parser.add_argument("--every-rank", action="store_true",
+                        help="prove with every data-parallel rank (no fewer-ranks reduction)")
     parser.add_argument("--output", default="bench/results/check.md",
                         help="the file --write writes (default bench/results/check.md)")
     args = parser.parse_args()
@@ -86,7 +91,8 @@ def main() -> None:
     print(header)
     print("|" + "---|" * 10)
     for plan in plans:
-        r = measure(plan, args.runs, args.timeout, args.limit, args.time_limit)
+        r = measure(plan, args.runs, args.timeout, args.limit, args.time_limit,
+                    every_rank=args.every_rank)
         row = (f"| {plan} | {r['verdict']} | {r['seconds']:.1f} | {r['rss_mib']:.0f} | "
                f"{r.get('elements', '')} | {r.get('normal_form', '')} | "
                f"{r.get('expanded', '')} | {r.get('z3', '')} | "

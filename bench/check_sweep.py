@@ -24,7 +24,7 @@ from check_bench import ROOT, measure  # noqa: E402
 #: tp stops at 2: llama_tiny's 2 kv heads do not split 4 ways.
 VARIANTS = [
     ("base", 2, 2, 1, 1, 2),
-    ("dp=4", 4, 2, 1, 1, 2), ("dp=8", 8, 2, 1, 1, 2),
+    ("dp=4", 4, 2, 1, 1, 2), ("dp=8", 8, 2, 1, 1, 2), ("dp=16", 16, 2, 1, 1, 2),
     ("tp=1", 2, 1, 1, 1, 2),
     ("mb=2", 2, 2, 1, 2, 2), ("mb=4", 2, 2, 1, 4, 2), ("mb=8", 2, 2, 1, 8, 2),
     ("mb=16", 2, 2, 1, 16, 2),
@@ -83,6 +83,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="variant names to run (default: all)")
     parser.add_argument("--every-microbatch", action="store_true",
                         help="prove with every microbatch (no fewer-microbatches reduction)")
+    parser.add_argument("--every-rank", action="store_true",
+                        help="prove with every data-parallel rank (no fewer-ranks reduction)")
     args = parser.parse_args()
     header = ("| variant | dp | tp | pp | mb | layers | ranks | verdict | s (median) | "
               "peak RSS MiB | stages total/unique/proven | elements |")
@@ -95,7 +97,7 @@ def main() -> None:
             path = Path(folder) / f"sweep_{name.split()[0].replace('=', '')}.tvp"
             path.write_text(plan_text(dp, tp, pp, mb, layers), encoding="utf-8")
             r = measure(str(path), args.runs, args.timeout, args.time_limit + 300,
-                        args.time_limit, args.every_microbatch)
+                        args.time_limit, args.every_microbatch, args.every_rank)
             row = (f"| {name} | {dp} | {tp} | {pp} | {mb} | {layers} | {dp * tp * pp} | "
                    f"{r['verdict']} | {r['seconds']:.1f} | {r['rss_mib']:.0f} | "
                    f"{'/'.join(map(str, r.get('stages', [])))} | {r.get('elements', '')} |")

@@ -88,7 +88,7 @@ def test_what_couples_the_microbatches_keeps_them(tmp_path: Path, change: tuple[
     path = write(tmp_path, text)
     plan = api.resolve_plan(path)
     try:
-        smaller = api.resolve_plan(path, CHECKED_MICROBATCHES)
+        smaller = api.resolve_plan(path, {"microbatches": CHECKED_MICROBATCHES})
     except api.SimulationSetupError:
         smaller = None
     found = fewer_microbatches(plan, smaller)

@@ -15,15 +15,17 @@ the ``Plan``.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from trainverify_dsl.ir.layout import MICROBATCH_AXIS
 from trainverify_dsl.ir.parallel import ParallelProgram, parallel_problems
 from trainverify_dsl.lower.diagnose import to_diagnostic
 from trainverify_dsl.lower.findings import LoweringError
@@ -33,7 +35,12 @@ from trainverify_dsl.plan.model import Plan, group_of
 from trainverify_dsl.report.codes_run import OVER_BUDGET
 from trainverify_dsl.report.diagnostics import Diagnostic, Severity
 from trainverify_dsl.report.span import Span
-from trainverify_dsl.shrink import CHECKED_MICROBATCHES, without_idle_axes
+from trainverify_dsl.shrink import (
+    CHECKED_MICROBATCHES,
+    CHECKED_RANKS,
+    fewer_ranks_refusal,
+    without_idle_axes,
+)
 from trainverify_dsl.simulate.budget import Estimate, default_budget, estimate, human
 from trainverify_dsl.simulate.run import (
     FLOOR,
@@ -83,12 +90,13 @@ class SimulationSetup:
         return self.real_model
 
 
-def resolve_plan(path: str | Path, microbatches: int | None = None) -> Plan:
-    """The plan at ``path`` (``microbatches``: resolved with that count in place of its
-    `microbatches` statement's); raises ``SimulationSetupError`` when it has errors."""
+def resolve_plan(path: str | Path, sizes: Mapping[str, int] | None = None) -> Plan:
+    """The plan at ``path`` (``sizes``: resolved with these counts in place of its
+    statements', ``microbatches`` and mesh axes by name: ``resolve_plan_file``); raises
+    ``SimulationSetupError`` when it has errors."""
     from trainverify_dsl.plan import resolve_file
 
-    result = resolve_file(path, microbatches=microbatches)
+    result = resolve_file(path, sizes=sizes)
     errors = [d for d in result.diagnostics if d.severity is Severity.ERROR]
     if result.plan is None or errors:
         raise SimulationSetupError(errors or list(result.diagnostics),
@@ -98,16 +106,17 @@ def resolve_plan(path: str | Path, microbatches: int | None = None) -> Plan:
 
 def prepare(path: str | Path, *, shrink: bool | None = None, real: bool = True,
             allow_model_outside_root: bool = False,
-            microbatches: int | None = None) -> SimulationSetup:
+            sizes: Mapping[str, int] | None = None) -> SimulationSetup:
     """Resolve the plan and build its model. The model file is looked up from the plan's
     folder and must lie inside it, the project or the stdlib unless
     ``allow_model_outside_root`` (``spec/load.py``); a refused file is not imported.
     ``shrink``: ``None`` shrinks a model with a width above ``shrink.SMALL`` (or a batch
-    above 64), ``True`` always shrinks, ``False`` never does."""
+    above 64), ``True`` always shrinks, ``False`` never does. ``sizes``: as
+    ``resolve_plan``'s."""
     from trainverify_dsl.shrink import NOT_CONFIG, needs_shrinking
     from trainverify_dsl.spec.load import model_input_specs
 
-    plan = resolve_plan(path, microbatches)
+    plan = resolve_plan(path, sizes)
     if plan.spec is None:  # a missing mesh is TVP203, an error resolve_plan raised
         from trainverify_dsl.report.codes_run import NO_SPEC
 
@@ -524,6 +533,11 @@ class Programs:
     #: True)``, ``shrink.fewer_microbatches``); why they do not, when the plan forbids it
     microbatches_of_plan: int | None = None
     same_microbatches_why: str = ""
+    #: the data-parallel axes the programs run at ``shrink.CHECKED_RANKS`` ranks, with the
+    #: plan's sizes (``build_programs(ranks=True)``, ``shrink.fewer_ranks``); why not, when
+    #: an axis splitting the batch may not be
+    ranks_of_plan: dict[str, int] = field(default_factory=dict)
+    same_ranks_why: str = ""
 
 
 def build_programs(path: str | Path, *, shrink: bool | None = None,
@@ -531,7 +545,8 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
                    max_memory: int | None = None, progress: Progress = _quiet,
                    blocks: bool = False, segment: bool = True,
                    layout: tuple[list[Diagnostic], Lowered | None] | None = None,
-                   earlier: Programs | None = None, fewer: bool = False) -> Programs:
+                   earlier: Programs | None = None, fewer: bool = False,
+                   ranks: bool | None = None, _ranks_why: str = "") -> Programs:
     """The layout pass at full size, then the plan's parallel program and the reference step
     at the shrunk sizes (``simulate_file`` explains the arguments and errors). The reference
     step is traced block by block (one graph per distinct block, every block traced and
@@ -545,7 +560,9 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     plan again unsegmented to report a difference): its layout pass, setup and idle axes are
     reused, and its reference step too when the new program reads the same marked points.
     ``fewer`` (``tvp check``): the programs run ``shrink.CHECKED_MICROBATCHES`` microbatches
-    where the plan's meaning allows (``shrink.fewer_microbatches``; docs/checking.md)."""
+    where the plan's meaning allows (``shrink.fewer_microbatches``; docs/checking.md).
+    ``ranks`` (``None``: as ``fewer``): each data-parallel axis runs ``shrink.CHECKED_RANKS``
+    ranks where the plan's meaning allows (``shrink.fewer_ranks``, docs/checking.md)."""
     from trainverify_dsl.shrink import work_refusal
 
     plan = resolve_plan(path)
@@ -568,16 +585,22 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
         # at any size (its errors are the answer, at the spec line or the model's own line)
         raise SimulationSetupError(findings)
     counts: tuple[int | None, str] = (None, "")
+    axes: tuple[dict[str, int], str] = ({}, _ranks_why)
     if earlier is not None:  # its plan is already without its idle axes
         setup, idle = earlier.setup, earlier.idle
         counts = (earlier.microbatches_of_plan, earlier.same_microbatches_why)
+        axes = (earlier.ranks_of_plan, earlier.same_ranks_why)
     else:
         if fewer:
             counts = _fewer_microbatches(path, plan)
+        if fewer if ranks is None else ranks:
+            axes = _fewer_ranks(path, plan, counts[0] is not None)
+        sizes = dict.fromkeys(axes[0], CHECKED_RANKS)
+        if counts[0] is not None:
+            sizes["microbatches"] = CHECKED_MICROBATCHES
         progress("shrinking the model's widths")
         setup = prepare(path, shrink=shrink, real=False,
-                        allow_model_outside_root=allow_model_outside_root,
-                        microbatches=CHECKED_MICROBATCHES if counts[0] is not None else None)
+                        allow_model_outside_root=allow_model_outside_root, sizes=sizes)
         setup.plan, idle = without_idle_axes(setup.plan)
     from trainverify_dsl.spec.fx_import import UnsupportedOps
     from trainverify_dsl.spec.trace import trace_training_step, unsupported_error
@@ -617,14 +640,20 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
         program = parallel_program(lowered)
     except UnsupportedOps as error:  # an op of the plan's stages with no IR meaning (dropout)
         raise unsupported_error(error) from None
+    again = functools.partial(build_programs, path, shrink=shrink,
+                              allow_model_outside_root=allow_model_outside_root,
+                              stop_on_errors=stop_on_errors, max_memory=max_memory,
+                              progress=progress, blocks=blocks, segment=segment, layout=layout)
+    refusal = fewer_ranks_refusal(program, axes[0]) if axes[0] else None
+    if refusal is not None:
+        # the argument for fewer ranks needs every rank of the axis to run the same programs
+        # and the ranks' gradients summed once: a program that does not runs every rank
+        shown = ", ".join(f"`{a}`" for a in axes[0])
+        return again(fewer=fewer, ranks=False, _ranks_why=f"{shown}: {refusal}")
     if counts[0] is not None and _reads_microbatch_index(program):
         # the argument for fewer microbatches needs every microbatch to run the same
         # programs: one that reads its index is run with every microbatch
-        return build_programs(path, shrink=shrink,
-                              allow_model_outside_root=allow_model_outside_root,
-                              stop_on_errors=stop_on_errors, max_memory=max_memory,
-                              progress=progress, blocks=blocks, segment=segment,
-                              layout=layout, fewer=False)
+        return again(fewer=False, ranks=bool(axes[0]), _ranks_why=axes[1])
     points = reference_points(program)
     if earlier is not None and reference_points(earlier.program) == points:
         spec = earlier.spec  # the same model, sizes, optimizer and points
@@ -638,36 +667,49 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     if need.bytes > budget:
         raise SimulationSetupError([over_budget(setup.plan, need, budget, shrunk)])
     return Programs(setup, program, spec, reference_opt, findings, idle, need.bytes,
-                    lowered.binding.segmented, layout, *counts)
+                    lowered.binding.segmented, layout, *counts, *axes)
 
 
 def _reads_microbatch_index(program: ParallelProgram) -> bool:
     """Whether a stage program reads the microbatch coordinate (``coord.@mb``)."""
-    from trainverify_dsl.ir.layout import MICROBATCH_AXIS
-
     return any(s.kind == "coord" and s.spec == MICROBATCH_AXIS
                for st in program.stages for s in st.inputs)
 
 
-def same_microbatch_data(program: ParallelProgram, values: dict[str, np.ndarray]
-                         ) -> dict[str, np.ndarray]:
-    """``values`` with every microbatch's integer and boolean data (token ids, labels, masks)
-    the first microbatch's: the checker's fewer microbatches prove each microbatch's step
-    for one draw of them (docs/checking.md, "Fewer microbatches"). Float inputs stay
-    variables of the proof; rows are microbatch-major (Rule 4.1)."""
-    from trainverify_dsl.ir.layout import MICROBATCH_AXIS
-
-    split = {s.spec for st in program.stages for s in st.inputs if s.kind == "data"
-             and s.layout.rank and any(MICROBATCH_AXIS in f.axes for f in s.layout.dims[0])}
+def same_block_data(program: ParallelProgram, values: dict[str, np.ndarray],
+                    axes: Iterable[str]) -> dict[str, np.ndarray]:
+    """``values`` with the integer and boolean data (token ids, labels, masks) of every block
+    along ``axes`` (``@mb``, the microbatches, and data-parallel axes run at fewer ranks) the
+    first block's, the blocks along other axes untouched: the checker's fewer microbatches
+    and ranks prove each block's step for one draw of them (docs/checking.md, "Fewer
+    microbatches", "Fewer data-parallel ranks"). Float inputs stay variables of the proof.
+    Dimension 0 is cut as its layout says (Rule 4.1: microbatch-major, the data axes next,
+    outermost first)."""
+    sizes = {**dict(program.mesh), MICROBATCH_AXIS: program.microbatches}
+    tiled = set(axes)
+    layouts = {s.spec: s.layout for st in program.stages for s in st.inputs
+               if s.kind == "data" and s.layout.rank}
     out = dict(values)
-    m = program.microbatches
-    for name in split:
+    for name, layout in layouts.items():
         value = np.asarray(values.get(name))
-        if name not in values or np.issubdtype(value.dtype, np.floating) or \
-                value.shape[0] % m:
+        if name not in values or np.issubdtype(value.dtype, np.floating):
             continue
-        rows = value.shape[0] // m
-        out[name] = np.concatenate([value[:rows]] * m, axis=0)
+        # dimension 0 as (blocks of each factor's axes..., the factor's rows) per factor
+        shape: list[int] = []
+        keep: list[int] = []
+        for factor in layout.dims[0]:
+            blocks = [sizes[a] for a in factor.axes]
+            if factor.size % math.prod(blocks):
+                break
+            keep += [len(shape) + k for k, a in enumerate(factor.axes) if a in tiled]
+            shape += blocks + [factor.size // math.prod(blocks)]
+        else:
+            if math.prod(shape) != value.shape[0] or not keep:
+                continue
+            cut = value.reshape(*shape, *value.shape[1:])
+            first = cut[tuple(slice(0, 1) if k in keep else slice(None)
+                              for k in range(len(shape)))]
+            out[name] = np.broadcast_to(first, cut.shape).reshape(value.shape).copy()
     return out
 
 
@@ -680,11 +722,53 @@ def _fewer_microbatches(path: str | Path, plan: Plan) -> tuple[int | None, str]:
     if plan.microbatches <= CHECKED_MICROBATCHES:
         return None, ""
     try:
-        reduced = resolve_plan(path, CHECKED_MICROBATCHES)
+        reduced = resolve_plan(path, {"microbatches": CHECKED_MICROBATCHES})
     except SimulationSetupError:
         reduced = None
     why = fewer_microbatches(plan, reduced)
     return (None, why) if why is not None else (plan.microbatches, "")
+
+
+def _fewer_ranks(path: str | Path, plan: Plan, microbatches: bool
+                 ) -> tuple[dict[str, int], str]:
+    """({axis: the plan's size}, "") for the data-parallel axes whose programs may run
+    ``CHECKED_RANKS`` ranks as far as the plan's statements tell (``shrink.data_axis_refusal``,
+    ``shrink.fewer_ranks``; the program is checked after lowering); ({}, why not) when an
+    axis splitting an input's batch may not. ``microbatches``: the programs run
+    ``CHECKED_MICROBATCHES`` microbatches too."""
+    from trainverify_dsl.shrink import data_axis_refusal, fewer_ranks
+
+    if plan.mesh is None:
+        return {}, ""
+    busy, _ = without_idle_axes(plan)
+    # axes splitting the batch: dimension 0 of a one-name target (a model input; which
+    # ones are inputs the program tells, ``fewer_ranks_refusal``)
+    batch_axes = {a for layout in plan.layouts
+                  if not layout.target.grad and len(layout.target.segments) == 1
+                  for dim, axes in layout.dim_axes if dim == 0 for a in axes}
+    axes: dict[str, int] = {}
+    whys = []
+    for axis in busy.mesh.axes:
+        if axis.size <= CHECKED_RANKS or axis.name not in batch_axes:
+            continue
+        why = data_axis_refusal(plan, axis.name)
+        if why is None:
+            axes[axis.name] = axis.size
+        else:
+            whys.append(f"`{axis.name}`: {why}")
+    if axes:
+        sizes = dict.fromkeys(axes, CHECKED_RANKS)
+        if microbatches:
+            sizes["microbatches"] = CHECKED_MICROBATCHES
+        try:
+            reduced = resolve_plan(path, sizes)
+        except SimulationSetupError:
+            reduced = None
+        why = fewer_ranks(plan, reduced, axes)
+        if why is not None:
+            whys.append(f"{', '.join(f'`{a}`' for a in axes)}: {why}")
+            axes = {}
+    return axes, "; ".join(whys)
 
 
 def _block_modules(model: Any) -> tuple[frozenset[str], str | None]:
@@ -780,7 +864,7 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
                allow_model_outside_root: bool = False, max_memory: int | None = None,
                progress: Progress = _quiet, time_limit: float | None = TIME_LIMIT,
                cache: bool = True, cache_dir: str | Path | None = None,
-               fewer_microbatches: bool = True) -> Any:
+               fewer_microbatches: bool = True, fewer_ranks: bool = True) -> Any:
     """``tvp check``: prove the plan at ``path`` computes the spec's training step. Returns a
     ``check.verdict.Verdict``; never raises for a bad plan (its diagnostics are in the
     verdict). ``timeout``: seconds for each solver call. ``time_limit``: seconds for the
@@ -789,7 +873,8 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
     is ``inconclusive``. ``cache``: read and write the proof cache (``check/cache.py``) in
     ``cache_dir`` (``None``: its default folder). ``fewer_microbatches``: prove a plan of
     more than two microbatches with two where its meaning allows (docs/checking.md, "Fewer
-    microbatches"); ``False`` runs every microbatch."""
+    microbatches"); ``False`` runs every microbatch. ``fewer_ranks``: likewise a data-parallel
+    axis of more than two ranks with two ("Fewer data-parallel ranks")."""
     import time
 
     from trainverify_dsl.check.verdict import (
@@ -815,15 +900,17 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
         # split's divisibility; docs/checking.md)
         built = build_programs(path, shrink=True, allow_model_outside_root=allow_model_outside_root,
                                stop_on_errors=False, max_memory=max_memory, progress=progress,
-                               blocks=True, fewer=fewer_microbatches)
+                               blocks=True, fewer=fewer_microbatches, ranks=fewer_ranks)
         verdict.sizes, verdict.idle_axes = dict(built.setup.overrides), dict(built.idle)
         verdict.microbatches = _microbatches_note(built)
+        verdict.reduced_axes, verdict.ranks = dict(built.ranks_of_plan), _ranks_note(built)
         verdict.diagnostics = list(built.findings)
         model = built.setup.build_real()
         progress("numeric pre-check: both programs on random values")
         values = step_values(built.program, built.spec, model, seed)
-        if built.microbatches_of_plan is not None:
-            values = same_microbatch_data(built.program, values)
+        if built.microbatches_of_plan is not None or built.ranks_of_plan:
+            values = same_block_data(built.program, values, [*built.ranks_of_plan] + (
+                [MICROBATCH_AXIS] if built.microbatches_of_plan is not None else []))
         result = simulate_programs(built.program, built.spec, built.reference_opt, model,
                                    seed, progress, values)
         again = second_draw(built.program, built.spec, built.reference_opt, model, seed,
@@ -892,6 +979,10 @@ def check_file(path: str | Path, *, seed: int = 0, timeout: float = 60.0,
     elif built is not None and built.same_microbatches_why and verdict.verdict != ERROR:
         verdict.notes.append(f"all {built.program.microbatches} microbatches were run: "
                              f"{built.same_microbatches_why}")
+    if verdict.ranks and verdict.verdict in (VERIFIED, INCONCLUSIVE, COUNTEREXAMPLE):
+        verdict.assumptions.append(verdict.ranks)
+    elif built is not None and built.same_ranks_why and verdict.verdict != ERROR:
+        verdict.notes.append(f"every data-parallel rank was run: {built.same_ranks_why}")
     verdict.seconds = time.perf_counter() - start
     return verdict
 
@@ -908,6 +999,22 @@ def _microbatches_note(built: Programs) -> str:
             f"{full} (docs/checking.md, \"Fewer microbatches\"); the {ran} microbatches "
             f"carry the same drawn token ids, labels and masks, so each microbatch's step is "
             f"proven for those; a counterexample is one of the plan with {ran}")
+
+
+def _ranks_note(built: Programs) -> str:
+    """What the verdict says of the data-parallel axes it was proven with fewer ranks of
+    ("": the plan's sizes)."""
+    if not built.ranks_of_plan:
+        return ""
+    shown = ", ".join(f"{a}={CHECKED_RANKS} of the plan's {a}={n}"
+                      for a, n in built.ranks_of_plan.items())
+    return (f"data-parallel ranks: proven with {shown}: along it every rank runs the same "
+            f"stage programs on its own rows, one gradient statement per parameter sums or "
+            f"averages the ranks' gradients, a ZeRO shard over it is over it alone, and the seed "
+            f"times the ranks and microbatches weighs every row the same at both sizes "
+            f"(docs/checking.md, \"Fewer data-parallel ranks\"); every rank's rows carry the "
+            f"same drawn token ids, labels and masks, so each block's step is proven for "
+            f"those; a counterexample is one of the plan with the fewer ranks")
 
 
 #: What a plan given as text is called in its verdict and diagnostics.
@@ -1096,8 +1203,6 @@ def _data_counts(program: Any) -> str | None:
     (a fixed number): they equal the spec's loss only for inputs whose counts match (those
     drawn did: the numeric pre-check passed), so a proof would hold for the drawn masks
     alone (docs/semantics.md §4.3)."""
-    from trainverify_dsl.ir.layout import MICROBATCH_AXIS
-
     if program.loss.fixed_count:
         return ("the spec's loss divides by a token count of the data, and `loss-reduction sum "
                 "scale=...` divides by a fixed number: equal to the spec's loss only for inputs "

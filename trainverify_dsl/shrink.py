@@ -46,6 +46,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -780,6 +781,178 @@ def fewer_microbatches(plan: Any, reduced: Any) -> str | None:
                 f"of the count, `loss-scale 1/microbatches`")
     if replace(reduced, microbatches=plan.microbatches, loss_scale=plan.loss_scale) != plan:
         return "another statement than `loss-scale` depends on the microbatch count"
+    return None
+
+
+# -- fewer data-parallel ranks (docs/checking.md, "Fewer data-parallel ranks"): along an axis
+# that only splits the batch and sums the gradients (a data-parallel axis, whatever its name),
+# every rank runs the same stage programs on its own rows and one gradient statement per
+# parameter sums (or averages) the ranks' gradients, so with a seed ``s`` such that
+# ``D * a(D) * s`` does not depend on the axis size ``D`` (``a`` 1 for sum, ``1/D`` for avg) the
+# step is the spec's at ``D`` ranks exactly when it is at two. ``tvp check`` proves the plan with
+# the axis at two when the plan allows it (the plan from its statements here, its parallel
+# program with ``fewer_ranks_refusal``); the layout pass and ``tvp simulate`` keep the mesh.
+
+#: The size ``tvp check`` proves a data-parallel axis at, where ``fewer_ranks`` allows.
+CHECKED_RANKS = 2
+#: The gradient statements and ops a data-parallel axis may carry.
+_SUMMING = ("all-reduce", "reduce-scatter")
+_SUMMING_OPS = (None, "sum", "avg")
+
+
+def _line(origin: Any) -> str:
+    span = origin.report_span
+    return f"{span.file}:{span.line}"
+
+
+def data_axis_refusal(plan: Any, axis: str) -> str | None:
+    """Why mesh axis ``axis`` of ``plan`` may not be proven at ``CHECKED_RANKS`` ranks from
+    its statements alone, or ``None``: it is not the pipeline axis, the loss is a local mean
+    and the step does not clip, and the axis appears only in splits of dimension 0 by itself
+    (the batch of an input: which inputs is checked on the program), in gradient all-reduces
+    and reduce-scatters over it alone with one op, and in `shard over` it alone."""
+    if axis == PIPELINE_AXIS:
+        return f"`{axis}` is the pipeline axis"
+    if plan.loss_reduction is not None and plan.loss_reduction.mode != "local-mean":
+        return f"`loss-reduction {plan.loss_reduction.mode}` counts over the data ranks"
+    if plan.clip_grad_norm is not None:
+        return "clipping acts on the gradients summed over the data ranks"
+    for layout in plan.layouts:
+        if axis in layout.partial_axes:
+            return f"`{layout.target}` is partial over `{axis}` ({_line(layout.origins[0])})"
+        for dim, axes in layout.dim_axes:
+            if axis in axes and (dim != 0 or axes != (axis,) or layout.target.grad
+                                 or any(d == dim for d, _ in layout.orders)):
+                return (f"`{layout.target}` is split over `{axis}` otherwise than alone on "
+                        f"its batch dimension ({_line(layout.origins[0])})")
+    ops = set()
+    for st in plan.collectives:
+        if axis not in st.axes:
+            continue
+        if not st.target.grad or st.kind not in _SUMMING or st.axes != (axis,) or \
+                st.op not in _SUMMING_OPS:
+            return (f"`{st.kind} {st.target} over {', '.join(st.axes)}` is not a gradient "
+                    f"sum over `{axis}` alone ({_line(st.origin)})")
+        from trainverify_dsl.plan.checks import sync_time
+
+        if isinstance(sync_time(st, plan.microbatches), int):
+            return (f"`{st.kind} {st.target} over {axis}` runs after microbatch "
+                    f"{sync_time(st, plan.microbatches)} ({_line(st.origin)})")
+        ops.add(st.op or "sum")
+    if not ops:
+        return f"no gradient statement sums over `{axis}`"
+    if len(ops) > 1:
+        return f"gradient statements over `{axis}` both sum and average"
+    if plan.optimizer is not None and axis in plan.optimizer.shard_axes and \
+            plan.optimizer.shard_axes != (axis,):
+        return (f"the optimizer is sharded over `{', '.join(plan.optimizer.shard_axes)}`, "
+                f"not `{axis}` alone ({_line(plan.optimizer.origin)})")
+    for override in plan.overrides:
+        if any(a == axis for a, _ in override.coords):
+            return f"an `on {axis}=...` override names a coordinate ({_line(override.origin)})"
+    for algorithm in plan.algorithms:
+        if axis in algorithm.axes:
+            return f"`algorithm {algorithm.name}` runs over `{axis}` ({_line(algorithm.origin)})"
+    return None
+
+
+def ranks_factor(plan: Any, axes: Mapping[str, int]) -> Fraction:
+    """What every row's gradient is weighted by in ``plan``'s step, up to the spec's
+    ``1/batch``: the seed times the microbatches times, for each of ``axes``, its size times
+    ``1/size`` when its gradient statements average (``data_axis_refusal`` found one op)."""
+    factor = Fraction(plan.loss_scale) * plan.microbatches
+    for axis in axes:
+        ops = {st.op or "sum" for st in plan.collectives if axis in st.axes and st.target.grad}
+        factor *= 1 if ops == {"avg"} else plan.mesh.size(axis)
+    return factor
+
+
+def fewer_ranks(plan: Any, reduced: Any, axes: Mapping[str, int]) -> str | None:
+    """Why ``plan`` may not be proven as ``reduced`` (the same plan resolved with each of
+    ``axes`` at ``CHECKED_RANKS`` and perhaps fewer microbatches), or ``None`` when it may:
+    the two differ in those sizes, the microbatches and the seed only, and every row's
+    gradient weighs the same in both (``ranks_factor``)."""
+    if reduced is None:
+        return "the plan with fewer ranks does not resolve"
+    if ranks_factor(plan, axes) != ranks_factor(reduced, axes):
+        shown = ", ".join(axes)
+        return (f"its seed times the microbatches and the data ranks (`{shown}`) is not the "
+                f"same at both sizes (loss-scale {plan.loss_scale} at the plan's sizes, "
+                f"{reduced.loss_scale} with `{shown}` at {CHECKED_RANKS}): write the seed in "
+                f"terms of the sizes")
+    if replace(reduced, mesh=plan.mesh, microbatches=plan.microbatches,
+               loss_scale=plan.loss_scale) != plan:
+        return "another statement than `loss-scale` depends on the size of " + \
+            ", ".join(f"`{a}`" for a in axes)
+    return None
+
+
+def fewer_ranks_refusal(program: Any, axes: Mapping[str, int]) -> str | None:
+    """Why the parallel program (lowered with ``axes`` at ``CHECKED_RANKS``) may not stand
+    for the plan's, or ``None``: along each axis no stage reads its coordinate or runs a
+    collective, only data inputs are split over it (on dimension 0), no parameter, buffer or
+    claim is laid out over it, every parameter's gradient goes through exactly one gradient
+    statement over it alone (a sum or a mean, of every microbatch's contribution), every
+    gradient statement is linear (a sum or a mean), the optimizer shards over it alone, no
+    per-rank override names it, the step does not clip and the loss is a local mean of
+    losses that do not divide by their own token counts."""
+    from trainverify_dsl.ir.ops import OPS
+
+    def mentions(layout: Any, axis: str) -> bool:
+        return any(axis in f.axes for dim in layout.dims for f in dim) or \
+            (layout.partial is not None and axis in layout.partial[1])
+
+    if program.clip is not None:
+        return "clipping acts on the gradients summed over the data ranks"
+    odd = next((g for g in program.grad_syncs if g.op not in ("sum", "avg")), None)
+    if odd is not None:  # what follows the ranks' sum must be linear in it
+        return f"a gradient statement over `{', '.join(odd.axes)}` takes the {odd.op}"
+    if program.loss.mode != "local-mean" or program.loss.local_counts:
+        return "the loss counts tokens over the data ranks"
+    for axis in axes:
+        for stage in program.stages:
+            for slot in stage.inputs:
+                if slot.kind == "coord" and slot.spec == axis:
+                    return f"stage {stage.index} reads the `{axis}` coordinate"
+                if slot.kind in ("param", "buffer") and mentions(slot.layout, axis):
+                    return f"`{slot.spec}` is laid out over `{axis}`"
+                if slot.kind == "data" and (
+                        any(axis in f.axes for dim in slot.layout.dims[1:] for f in dim) or
+                        slot.layout.partial is not None and axis in slot.layout.partial[1]):
+                    return f"input `{slot.spec}` is split over `{axis}` past its batch dimension"
+            for node in stage.graph.nodes:
+                if OPS[node.op].group == "collective" and \
+                        axis in str(node.attr_map().get("axis", "")).split(","):
+                    return f"stage {stage.index} runs a collective over `{axis}`"
+        for name, layout in program.param_layouts:
+            if mentions(layout, axis):
+                return f"`{name}` is laid out over `{axis}`"
+        for claim in program.claims:
+            if mentions(claim.layout, axis):
+                return f"a claim on `{claim.target}` names `{axis}`"
+        seen: dict[str, int] = {}
+        for sync in program.grad_syncs:
+            if axis not in sync.axes:
+                continue
+            if sync.axes != (axis,) or sync.kind not in ("all_reduce", "reduce_scatter") or \
+                    sync.op not in ("sum", "avg"):
+                return f"a gradient statement over `{', '.join(sync.axes)}` is not a sum " \
+                       f"over `{axis}` alone"
+            if not all(sync.reduces(m, program.microbatches)
+                       for m in range(program.microbatches)):
+                return f"a gradient statement over `{axis}` runs after microbatch {sync.after}"
+            for param in sync.params:
+                seen[param] = seen.get(param, 0) + 1
+        for name, _ in program.param_layouts:
+            if seen.get(name, 0) != 1:
+                return (f"the gradient of `{name}` goes through {seen.get(name, 0)} gradient "
+                        f"statements over `{axis}`, not one")
+        step = program.optimizer
+        if step is not None:
+            if axis in step.shard_axes and step.shard_axes != (axis,):
+                return f"the optimizer is sharded over `{', '.join(step.shard_axes)}`"
+            if any(a == axis for o in step.overrides for a, _ in o.coords):
+                return f"a per-rank optimizer override names `{axis}`"
     return None
 
 

@@ -84,6 +84,10 @@ class Verdict:
     #: the programs ran fewer microbatches than the plan's (``shrink.fewer_microbatches``):
     #: what that rests on ("": the plan's count)
     microbatches: str = ""
+    #: data-parallel axes the programs ran at fewer ranks (``shrink.fewer_ranks``): the
+    #: plan's size of each, and what that rests on
+    reduced_axes: dict[str, int] = field(default_factory=dict)
+    ranks: str = ""
     #: the proof was read from the proof cache (``check/cache.py``), not run again
     cached: bool = False
     #: the obligations left unproven (for inconclusive verdicts): ``(where, reason)``

@@ -19,7 +19,7 @@ the shrunk sizes, the drawn integer inputs). ``--format json`` prints one docume
      "stages_proven": ..., "seconds": ..., "assumptions": [...], "diagnostics": [...],
      "counterexample": {...} | null, "plans": [<one such document per plan, with "plan",
      "reason", "elements", "by_normal_form", "by_expansion", "by_solver", "sizes",
-     "idle_axes", "open">]}
+     "idle_axes", "reduced_axes", "open">]}
 
 ``--format sarif|github`` print the diagnostics, a counterexample (TVP502) and an
 inconclusive verdict (TVP503) at their plan lines. Progress shows on a terminal only.
@@ -336,6 +336,7 @@ def plan_document(v: Any) -> dict[str, Any]:
             "by_normal_form": v.by_normal_form, "by_expansion": v.by_expansion,
             "by_solver": v.by_solver, "notes": v.notes,
             "assumptions": v.assumptions, "sizes": v.sizes, "idle_axes": v.idle_axes,
+            "reduced_axes": v.reduced_axes,
             "diagnostics": [_diagnostic(d) for d in v.diagnostics],
             "counterexample": _counterexample(v.counterexample),
             "open": [{"where": w, "reason": r} for w, r in v.open]}

@@ -4,7 +4,7 @@ statement in program order, with the per-statement checks (names, options, numbe
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
@@ -80,10 +80,12 @@ class _Parts:
 
 class Builder:
     def __init__(self, leaves: list[Leaf], main_file: str, files: list[str],
-                 collector: Collector, *, has_header: bool, microbatches: int | None = None):
+                 collector: Collector, *, has_header: bool,
+                 sizes: Mapping[str, int] | None = None):
         self.leaves, self.main_file, self.files = leaves, main_file, files
-        #: the microbatch count in place of the statement's (``resolve_plan_file``)
-        self.forced_microbatches = microbatches
+        #: counts in place of the statements' (``resolve_plan_file``): ``microbatches`` and
+        #: mesh axes by name
+        self.forced = dict(sizes or {})
         self.collector = collector
         self.has_header = has_header
         self.evaluator = Evaluator(collector)
@@ -210,6 +212,8 @@ class Builder:
                     f"would mean either", sub,
                     help="give the axis another name (`dp`, `mb`, `sq`)"))
             size = self._mesh_size(axis, sub, devices)
+            if size is not None and axis.name.name in self.forced:
+                size = self.forced[axis.name.name]
             if size is not None:
                 devices *= size
                 axes.append(MeshAxis(axis.name.name, size, axis.span))
@@ -251,8 +255,7 @@ class Builder:
                     help="state how many microbatches each dp rank runs per step (>= 1)"))
             elif value is not None:
                 count = int(value)
-            if self.forced_microbatches is not None:
-                count = self.forced_microbatches
+            count = self.forced.get("microbatches", count)
             schedule = self._schedule(stmt, origin)
         self.evaluator.names["microbatches"] = Fraction(count)
         return count, schedule

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,13 +55,13 @@ def resolve_plan_file(plan_file: ast.PlanFile, *,
                       project_root: Path = trainverify_dsl.PROJECT_ROOT,
                       loader: Loader | None = None,
                       parse_errors: bool = False,
-                      microbatches: int | None = None) -> ResolveResult:
+                      sizes: Mapping[str, int] | None = None) -> ResolveResult:
     """Resolve an already parsed main file. ``loader`` reads ``use``d files (default: read
     and parse from disk); tests pass an in-memory one. ``parse_errors``: the parser could
     not read some statements of the main file (checks that a statement is missing wait).
-    ``microbatches``: the plan with that many microbatches in place of its `microbatches`
-    statement's count (every expression naming `microbatches` evaluated with it; the
-    checker's fewer microbatches, docs/checking.md)."""
+    ``sizes``: the plan with these counts in place of its statements' — ``microbatches``
+    and mesh axes by name, every expression naming one evaluated with it (the checker's
+    fewer microbatches and fewer data-parallel ranks, docs/checking.md)."""
     collector = Collector()
     try:
         expansion = Expander(plan_file, loader or parse_loader, Path(project_root),
@@ -74,7 +74,7 @@ def resolve_plan_file(plan_file: ast.PlanFile, *,
     has_header = any(isinstance(s, ast.PlanHeader) for s in plan_file.statements)
     try:
         plan = Builder(expansion.leaves, plan_file.path, expansion.files, collector,
-                       has_header=has_header, microbatches=microbatches).build()
+                       has_header=has_header, sizes=sizes).build()
         check_plan(plan, collector, Path(project_root), parse_errors)
     except RecursionError:
         collector.add(_too_deep(plan_file))
@@ -83,12 +83,12 @@ def resolve_plan_file(plan_file: ast.PlanFile, *,
 
 
 def resolve_file(path: str | Path, *, project_root: Path = trainverify_dsl.PROJECT_ROOT,
-                 loader: Loader | None = None, microbatches: int | None = None
+                 loader: Loader | None = None, sizes: Mapping[str, int] | None = None
                  ) -> ResolveResult:
     """Parse and resolve the main plan file at ``path``; syntax diagnostics are included.
-    ``microbatches``: as ``resolve_plan_file``'s."""
+    ``sizes``: as ``resolve_plan_file``'s."""
     with collector_paused():
-        return _resolve_file(path, project_root, loader, microbatches)
+        return _resolve_file(path, project_root, loader, sizes)
 
 
 @contextlib.contextmanager
@@ -110,7 +110,8 @@ def collector_paused() -> Iterator[None]:
 
 
 def _resolve_file(path: str | Path, project_root: Path,
-                  loader: Loader | None, microbatches: int | None = None) -> ResolveResult:
+                  loader: Loader | None, sizes: Mapping[str, int] | None = None
+                  ) -> ResolveResult:
     display = str(path)
     if loader is None:
         parsed = parse_file(path)
@@ -119,7 +120,7 @@ def _resolve_file(path: str | Path, project_root: Path,
         return ResolveResult(None, (unreadable(display),))
     else:
         plan_file, diagnostics = loader(Path(path).resolve(), display)
-    return _resolve_parsed(plan_file, diagnostics, project_root, loader, microbatches)
+    return _resolve_parsed(plan_file, diagnostics, project_root, loader, sizes)
 
 
 def resolve_source(text: str, path: str | Path, *,
@@ -138,13 +139,13 @@ def resolve_source(text: str, path: str | Path, *,
 
 def _resolve_parsed(plan_file: ast.PlanFile | None, diagnostics: tuple[Diagnostic, ...],
                     project_root: Path, loader: Loader | None,
-                    microbatches: int | None = None) -> ResolveResult:
+                    sizes: Mapping[str, int] | None = None) -> ResolveResult:
     if plan_file is None:
         return ResolveResult(None, _sorted_list(diagnostics))
     result = resolve_plan_file(plan_file, project_root=project_root, loader=loader,
                                parse_errors=any(d.severity is Severity.ERROR
                                                 for d in diagnostics),
-                               microbatches=microbatches)
+                               sizes=sizes)
     return ResolveResult(result.plan, _sorted_list(diagnostics + result.diagnostics))
 
 

@@ -18,6 +18,7 @@ import pytest
 from trainverify_dsl import api
 from trainverify_dsl.api import check_file
 from trainverify_dsl.check.verdict import COUNTEREXAMPLE, VERIFIED
+from trainverify_dsl.cli.check_cmd import plan_document
 from trainverify_dsl.shrink import CHECKED_RANKS, data_axis_refusal, fewer_ranks
 
 # an axis named `rows` (no conventional name): four data-parallel ranks, two microbatches
@@ -53,6 +54,7 @@ def test_a_data_parallel_axis_is_proven_with_two_ranks(tmp_path: Path, text: str
     verdict = check_file(path, cache=False)
     assert verdict.verdict == VERIFIED and reduced(verdict), verdict.reason
     assert verdict.reduced_axes == {"rows": 4}
+    assert plan_document(verdict)["reduced_axes"] == {"rows": 4}  # `tvp check --format json`
     # `tvp simulate` runs the plan's mesh
     assert dict(api.build_programs(path, shrink=True).program.mesh)["rows"] == 4
 
@@ -199,6 +201,9 @@ def test_every_rank_carries_its_microbatchs_first_block_of_ids(tmp_path: Path) -
     both = api.same_block_data(built.program, values, ["dp", "@mb"])
     assert all(np.array_equal(both["tokens"][k * block:(k + 1) * block],
                               values["tokens"][:block]) for k in range(4))
+    # rows the layout does not cut into its blocks: an error, never a silently weaker proof
+    with pytest.raises(ValueError, match="not cut into blocks"):
+        api.same_block_data(built.program, {"tokens": values["tokens"][:-1]}, ["dp"])
 
 
 def test_a_sum_over_the_ranks_after_one_microbatch_keeps_them(tmp_path: Path) -> None:

@@ -139,7 +139,8 @@ def test_reused_graphs_equal_fresh_ones_within_a_plan_and_across_plans(
 
     monkeypatch.setattr(joint, "relabel", counted_relabel)
     built = build(first)
-    assert built.segmented and len(built.program.stages) == 4
+    # the embedding, the 4 blocks and the head each a stage (lower/bind.py segment_stages)
+    assert built.segmented and len(built.program.stages) == 6
     assert hits and all(hits)  # the middle blocks' joints were reused
 
     calls: list[object] = []

@@ -163,19 +163,22 @@ def test_a_model_without_blocks_is_one_stage() -> None:
 
 def test_a_plan_without_pipeline_stages_is_split_at_every_block() -> None:
     """llama_tiny_tp (dp x tp, no pipeline): for the checker each of its two blocks is a
-    stage of its own on every rank, the hidden state passed within the rank; the split
+    stage of its own on every rank, and so are the modules before them (the embedding) and
+    after them (the head and the loss), the hidden state passed within the rank; the split
     program computes what the plan's does (test above), and the verdict says what was
-    proven."""
+    proven. The embedding's output is received before block 0's `.in` mark: its transfer
+    carries that point, so the proof is cut there too."""
     built = api.build_programs(ROOT / "plans" / "llama_tiny_tp.tvp", shrink=True, blocks=True)
-    assert built.segmented and len(built.program.stages) == 2
+    assert built.segmented and len(built.program.stages) == 4
     assert [(t.source, t.dest, t.point) for t in built.program.transfers] == \
-        [(0, 1, "layers.0.out")]
+        [(0, 1, "layers.0.in"), (1, 2, "layers.0.out"), (2, 3, "layers.1.out")]
     plain = api.build_programs(ROOT / "plans" / "llama_tiny_tp.tvp", shrink=True, blocks=True,
                                segment=False)
     assert not plain.segmented and len(plain.program.stages) == 1
     verdict = api.check_file(ROOT / "plans" / "llama_tiny_tp.tvp", cache=False)
     assert verdict.verdict == VERIFIED, verdict.reason
-    assert verdict.stages_total == verdict.stages_proven == 2
+    assert verdict.stages_total == verdict.stages_proven == 4
+    assert verdict.stages_unique == 3  # the two blocks are one class (check/symmetry.py)
     assert any(a.startswith("stages: the program proven is the plan's with each stage split")
                for a in verdict.assumptions)
 

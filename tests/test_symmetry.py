@@ -79,7 +79,8 @@ def pair_and_cuts(tmp_path: Path, text: str):
 
 @pytest.fixture(scope="module")
 def five(tmp_path_factory: pytest.TempPathFactory):
-    """5 blocks, dp=2, tp=2: stages 1, 2, 3 are pure blocks of one form."""
+    """5 blocks, dp=2, tp=2: stage 0 is the embedding, stages 1 to 5 the blocks (one form,
+    the first and last blocks too: every block boundary has one name), stage 6 the head."""
     return pair_and_cuts(tmp_path_factory.mktemp("five"), llama(5))
 
 
@@ -87,11 +88,11 @@ def test_identical_blocks_are_merged_and_cover_what_they_skip(five) -> None:
     pair, cuts = five
     classes = symmetry.find(pair, cuts)
     assert classes is not None
-    assert classes.classes == ((1, (2, 3)),)
-    assert classes.skipped_stages == {2, 3}
+    assert classes.classes == ((1, (2, 3, 4, 5)),)
+    assert classes.skipped_stages == {2, 3, 4, 5}
     merged, whole = prove(pair), prove(pair, symmetric=False)
     assert merged.status == whole.status == "proven", (merged.reason, whole.reason)
-    assert merged.merged == 2 and whole.merged == 0
+    assert merged.merged == 4 and whole.merged == 0
     assert merged.elements + merged.by_symmetry == whole.elements
     assert merged.elements < whole.elements
     assert merged.term_count < whole.term_count
@@ -99,10 +100,11 @@ def test_identical_blocks_are_merged_and_cover_what_they_skip(five) -> None:
 
 @pytest.mark.slow
 def test_pipeline_blocks_on_other_ranks_are_merged(tmp_path: Path) -> None:
-    """pp=2, 2 microbatches, 6 blocks: the middle blocks of both pipeline places merge."""
+    """pp=2, 2 microbatches, 6 blocks: the blocks of both pipeline places merge (the
+    embedding and the head are stages of their own)."""
     pair, cuts = pair_and_cuts(tmp_path, llama(6, pp=2, microbatches=2))
     classes = symmetry.find(pair, cuts)
-    assert classes is not None and classes.classes == ((1, (2, 3, 4)),)
+    assert classes is not None and classes.classes == ((1, (2, 3, 4, 5, 6)),)
     merged, whole = prove(pair), prove(pair, symmetric=False)
     assert merged.status == whole.status == "proven"
     assert merged.elements + merged.by_symmetry == whole.elements
@@ -111,13 +113,13 @@ def test_pipeline_blocks_on_other_ranks_are_merged(tmp_path: Path) -> None:
 def test_a_block_with_other_statements_is_its_own_class(tmp_path: Path) -> None:
     pair, cuts = pair_and_cuts(tmp_path, llama(5, replicated_ffn=2))
     classes = symmetry.find(pair, cuts)
-    assert classes is not None and classes.classes == ((1, (3,)),)
+    assert classes is not None and classes.classes == ((1, (2, 4, 5)),)  # block 2: stage 3
     path = tmp_path / "plan.tvp"
     verdict = api.check_file(path, cache=False, allow_model_outside_root=True)
     assert verdict.verdict == VERIFIED, verdict.reason
-    assert (verdict.stages_total, verdict.stages_unique, verdict.stages_proven) == (5, 4, 5)
+    assert (verdict.stages_total, verdict.stages_unique, verdict.stages_proven) == (7, 4, 7)
     assert "proven by symmetry" in verdict.reason
-    assert any(n.startswith("symmetry: 1 block stages") for n in verdict.notes)
+    assert any(n.startswith("symmetry: 3 block stages") for n in verdict.notes)
 
 
 def _block_param(pair, block: int) -> str:
@@ -165,7 +167,7 @@ def _reference_call_of_one(pair):
 
 def _claim_on_one(pair):
     """A claim on a point block 3's stage observes (only there)."""
-    stage = pair.program.stages[3]
+    stage = pair.program.stages[4]
     slot = next(s for s in stage.outputs if s.kind == "lineage")
     claim = Claim(slot.spec, slot.layout, pair.program.grad_syncs[0].origin)
     return dataclasses.replace(pair, program=dataclasses.replace(
@@ -181,8 +183,8 @@ def test_a_difference_in_any_part_of_the_form_keeps_the_block_apart(five, mutate
     changed = mutate(pair)
     classes = symmetry.find(changed, cuts)
     assert classes is not None
-    assert 3 not in classes.skipped_stages
-    assert classes.classes == ((1, (2,)),)
+    assert 4 not in classes.skipped_stages  # block 3
+    assert classes.classes == ((1, (2, 3, 5)),)
 
 
 def test_clipping_overrides_and_orderings_stop_every_merge(five, monkeypatch) -> None:
@@ -200,7 +202,7 @@ def test_clipping_overrides_and_orderings_stop_every_merge(five, monkeypatch) ->
 
 def test_a_cut_next_to_a_merged_block_keeps_its_obligations(five, monkeypatch) -> None:
     """Every cotangent ratio off by a factor of 3: the cut between the last merged block
-    (stage 3) and the last stage is computed by the last stage, which runs, so its
+    (stage 5, block 4) and the head is computed by the head's stage, which runs, so its
     obligations stay (a merged block's name prefix covers its final checks, never a cut's),
     fail, and the cut proof is not ``proven``."""
     pair, cuts = five
@@ -208,9 +210,9 @@ def test_a_cut_next_to_a_merged_block_keeps_its_obligations(five, monkeypatch) -
                         c.scale * 3) for c in cuts]
     monkeypatch.setattr(stages, "plan_cuts", lambda *args: (wrong, {}))
     cut = prove_module._prove_cut(pair, 2.0, lambda phase: None, None)
-    assert cut is not None and cut.merged == 2
+    assert cut is not None and cut.merged == 4
     assert cut.status != "proven" and cut.cuts_unproven > 0
     classes = symmetry.find(pair, cuts)
-    assert not classes.covers(Comparison(stages.CHECK, "layers.3.out (cotangent x 2)", 0,
+    assert not classes.covers(Comparison(stages.CHECK, "layers.4.out (cotangent x 2)", 0,
                                          None))
     assert classes.covers(Comparison("gradients", "grad(layers.3.ffn_norm.weight)", 0, None))

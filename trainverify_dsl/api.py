@@ -699,13 +699,13 @@ def same_block_data(program: ParallelProgram, values: dict[str, np.ndarray],
         keep: list[int] = []
         for factor in layout.dims[0]:
             blocks = [sizes[a] for a in factor.axes]
-            if factor.size % math.prod(blocks):
-                break
             keep += [len(shape) + k for k, a in enumerate(factor.axes) if a in tiled]
             shape += blocks + [factor.size // math.prod(blocks)]
-        else:
-            if math.prod(shape) != value.shape[0] or not keep:
-                continue
+        if math.prod(shape) != value.shape[0]:
+            # the proof's argument needs the blocks equal: never a silently weaker proof
+            raise ValueError(f"input {name!r}: dimension 0 of {value.shape[0]} rows is not "
+                             f"cut into blocks as its layout says ({layout.dims[0]})")
+        if keep:
             cut = value.reshape(*shape, *value.shape[1:])
             first = cut[tuple(slice(0, 1) if k in keep else slice(None)
                               for k in range(len(shape)))]

@@ -811,6 +811,8 @@ def data_axis_refusal(plan: Any, axis: str) -> str | None:
     and the step does not clip, and the axis appears only in splits of dimension 0 by itself
     (the batch of an input: which inputs is checked on the program), in gradient all-reduces
     and reduce-scatters over it alone with one op, and in `shard over` it alone."""
+    from trainverify_dsl.plan.checks import sync_time
+
     if axis == PIPELINE_AXIS:
         return f"`{axis}` is the pipeline axis"
     if plan.loss_reduction is not None and plan.loss_reduction.mode != "local-mean":
@@ -833,8 +835,6 @@ def data_axis_refusal(plan: Any, axis: str) -> str | None:
                 st.op not in _SUMMING_OPS:
             return (f"`{st.kind} {st.target} over {', '.join(st.axes)}` is not a gradient "
                     f"sum over `{axis}` alone ({_line(st.origin)})")
-        from trainverify_dsl.plan.checks import sync_time
-
         if isinstance(sync_time(st, plan.microbatches), int):
             return (f"`{st.kind} {st.target} over {axis}` runs after microbatch "
                     f"{sync_time(st, plan.microbatches)} ({_line(st.origin)})")

@@ -115,6 +115,7 @@ def find(pair: CheckPair, cuts: list[Any]) -> Symmetry | None:
     marks = {t.value: t.point for t in program.transfers if t.point is not None}
     marks.update({t.sent: t.point for t in program.transfers
                   if t.sent is not None and t.point is not None})
+    aliases = _aliases(pair.boundaries, path, program)
     by_dest = {t.dest: c for c in cuts for t in c.transfers if c.scale is not None}
     by_source = {t.source: c for c in cuts for t in c.transfers if c.scale is not None}
     classes: dict[str, list[tuple[int, int]]] = {}
@@ -132,7 +133,7 @@ def find(pair: CheckPair, cuts: list[Any]) -> Symmetry | None:
             continue  # no calls to skip, or an order taken at this block's own values
         key = _canonical(program, reference, stage, calls,
                          (by_dest[stage.index], by_source[stage.index]),
-                         lambda text, b=block: _normalise(text, pattern, b, marks))
+                         lambda text, b=block: _normalise(text, pattern, b, marks, aliases))
         classes.setdefault(key, []).append((stage.index, block))
     merged = [members for members in classes.values() if len(members) > 1]
     if not merged:
@@ -224,9 +225,9 @@ def _canonical(program: ParallelProgram, reference: Program, stage: Stage,
     final = program.final_grad_layouts()
     layouts = dict(program.param_layouts)
     parts = [format_graph(stage.graph, "stage"), repr(stage.inputs), repr(stage.outputs)]
-    for cut in cuts:
-        parts.append(repr((cut.point, cut.boundary, cut.layout, cut.cotangent_layout,
-                           cut.scale)))
+    for cut in cuts:  # the boundary by its value and cotangent (its points are aliases)
+        parts.append(repr((cut.point, cut.boundary.value, cut.boundary.cotangent, cut.layout,
+                           cut.cotangent_layout, cut.scale)))
     for p in sorted(params):
         parts.append(repr((p, layouts[p], final[p])))
     for i, sync in enumerate(program.grad_syncs):
@@ -250,12 +251,47 @@ def _canonical(program: ParallelProgram, reference: Program, stage: Stage,
     return norm("\n".join(parts))
 
 
+def _aliases(boundaries: tuple[Any, ...], path: str, program: ParallelProgram
+             ) -> re.Pattern[str] | None:
+    """One name for each block boundary, whatever names it: the hidden state entering block
+    ``j`` is ``{path}.j.in`` whether the plan's transfer or the reference calls it
+    ``layers.j-1.out``, the embedding's output or ``outer/block_in.0``; its value is
+    ``{path}.j/in``, its cotangent ``{path}.j/grad(in)`` (the boundary after the last block
+    is that of a block past the end). So the first and last blocks read and write their
+    boundaries under the names the others do. Returns the substitution (names as they stand
+    quoted, or after a ``.``, ``(`` or ``@``: a slot or reference name, never an op)."""
+    names: dict[str, str] = {}
+    for b in boundaries:
+        entering = next((p for p in b.points if p.endswith(".in")), None)
+        if entering is None:
+            m = re.fullmatch(re.escape(path) + r"\.(\d+)\.out", b.points[0])
+            if m is None:
+                continue
+            entering = f"{path}.{int(m.group(1)) + 1}.in"
+        block = entering[:-len(".in")]
+        names.update({p: entering for p in b.points})
+        names[b.value] = f"{block}/in"
+        names[b.cotangent] = f"{block}/grad(in)"
+    for t in program.transfers:  # a value received before its `.in` mark (the embedding's)
+        if t.point in names and not _MARK.fullmatch(t.value):
+            names[t.value] = f"@{names[t.point]}"
+    if not names:
+        return None
+    keys = sorted(names, key=len, reverse=True)
+    return re.compile(r"(?<=['\"(.@])(?:" + "|".join(map(re.escape, keys)) + r")(?=['\"), ])"), \
+        names  # type: ignore[return-value]
+
+
 def _normalise(text: str, pattern: re.Pattern[str], block: int,
-               marks: Mapping[str, str]) -> str:
-    """``text`` with transfer names replaced by their points and every index of the block
-    list written relative to ``block``."""
+               marks: Mapping[str, str], aliases: Any = None) -> str:
+    """``text`` with transfer names replaced by their points, every block boundary by its
+    one name (``_aliases``) and every index of the block list written relative to
+    ``block``."""
     text = _MARK.sub(lambda m: f"@{marks[m.group(0)]}" if m.group(0) in marks
                      else m.group(0), text)
+    if aliases is not None:
+        found, names = aliases
+        text = found.sub(lambda m: names[m.group(0)], text)
 
     def relative(m: re.Match[str]) -> str:
         d = int(m.group(1)) - block

@@ -722,8 +722,9 @@ def _pattern(path: str) -> TensorPattern:
 def segment_stages(b: Binding, blocks: str) -> bool:
     """Split every stage into one stage per block of the list ``blocks``, all on the stage's
     ranks (virtual stages of its pp rank): what the checker cuts its proof at
-    (``check/stages.py``); the values and the ranks that compute them are the plan's. A
-    module before the stage's first block goes with it, one after its last with that one.
+    (``check/stages.py``); the values and the ranks that compute them are the plan's. The
+    modules before the stage's first block are a stage of their own before it, those after
+    its last one after it.
     Left as it is (``False``) when the plan routes values with explicit ``send``s (they
     name the plan's stages), already has virtual stages, or a stage's blocks are not one
     run of consecutive blocks."""
@@ -756,7 +757,8 @@ def segment_stages(b: Binding, blocks: str) -> bool:
                 return False
             parts = [stage]
         else:
-            parts = [(_pattern(f"{blocks}.{k}"),) for k in owned]
+            before: tuple[TensorPattern, ...] = ()
+            after: tuple[TensorPattern, ...] = ()
             for p in stage:
                 if any(p.matches(f"{blocks}.{k}", prefix=True) for k in owned):
                     continue
@@ -764,8 +766,15 @@ def segment_stages(b: Binding, blocks: str) -> bool:
                          if m and str(p) != "loss" and p.matches(m, prefix=True)]
                 if any(b.module_order[i].startswith(f"{blocks}.") for i in where):
                     return False  # a part of a block on this stage: the plan's own cut
-                at = 0 if where and min(where) < first else len(parts) - 1
-                parts[at] = parts[at] + (p,)
+                if where and min(where) < first:
+                    before += (p,)
+                else:
+                    after += (p,)
+            # the modules before the blocks (the embedding) and after them (the head, the
+            # loss) are stages of their own, so that every block stage is one block's alone
+            parts = [before] if before else []
+            parts += [(_pattern(f"{blocks}.{k}"),) for k in owned]
+            parts += [after] if after else []
         for part in parts:
             new_members.append(part)
             new_places.append((place, chunks.get(place, 0)))

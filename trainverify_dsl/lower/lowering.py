@@ -24,6 +24,7 @@ collectives carry semantics we wrote), and tests run them eagerly under real
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,7 +96,8 @@ class Lowered:
     routes: dict[tuple[int, str], str | None] = field(default_factory=dict)
     #: ``loss-reduction token-mean``: the data axes whose token counts are summed
     loss_count_axes: tuple[str, ...] = ()
-    #: the name of each mark node -> its marked point (``layers.0.out``)
+    #: the name of each mark node -> its marked point (``layers.0.out``), and of the value a
+    #: ``.in`` mark reads -> that point
     points: dict[str, str] = field(default_factory=dict)
     #: ``local-mean`` over a token count of split data: the axes (and ``@mb``) whose blocks
     #: each divide by their own count (equal to the spec's loss only where the counts are)
@@ -1012,6 +1014,21 @@ def lower(plan: Plan, model: nn.Module, inputs: Mapping[str, torch.Tensor],
     findings = merge_repeats(binding.warnings + lowering.findings + backward)
     counted = lowering.loss_counts[0][1] if lowering.loss_counts else ()
     points = {node.name: point for point, node in sorted(lowering.marks.items())}
+    entering = re.compile(re.escape(blocks) + r"\.\d+\.in") if blocks else None
+    leaving = re.compile(re.escape(blocks) + r"\.\d+\.out") if blocks else None
+    for point, node in sorted(lowering.marks.items()):
+        # a value sent to the stage whose module it enters is received before that
+        # module's `.in` mark (the mark is the receiver's first op): it carries the point too,
+        # and when the stages are split at blocks, a block's boundary is the name a value
+        # entering it goes by (the embedding's `embed.out` is `layers.0.in`: the checker cuts
+        # its proof at block boundaries; the previous block's `.out` names it already)
+        source = node.args[0] if node.args else None
+        if point.endswith(".in") and isinstance(source, torch.fx.Node):
+            if entering is not None and entering.fullmatch(point) and \
+                    not leaving.fullmatch(points.get(source.name, "")):
+                points[source.name] = point
+            else:
+                points.setdefault(source.name, point)
     return Lowered(plan, binding, sizes, stages, lowering.lineages, findings,
                    routes, counted, points, lowering.local_counts, lowering.fixed_count)
 

@@ -817,7 +817,8 @@ def data_axis_refusal(plan: Any, axis: str) -> str | None:
         return f"`{axis}` is the pipeline axis"
     if plan.loss_reduction is not None and plan.loss_reduction.mode != "local-mean":
         return f"`loss-reduction {plan.loss_reduction.mode}` counts over the data ranks"
-    if plan.clip_grad_norm is not None:
+    if plan.clip_grad_norm is not None or \
+            plan.spec_optimizer is not None and plan.spec_optimizer.clip is not None:
         return "clipping acts on the gradients summed over the data ranks"
     for layout in plan.layouts:
         if axis in layout.partial_axes:

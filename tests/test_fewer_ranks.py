@@ -220,3 +220,24 @@ def test_a_sum_over_the_ranks_after_one_microbatch_keeps_them(tmp_path: Path) ->
         "over rows op=avg", "over rows op=avg after=1"))
     why = data_axis_refusal(api.resolve_plan(path), "rows")
     assert why is not None and "runs after microbatch 1" in why
+
+
+@pytest.mark.parametrize(("batch", "microbatches", "ranks", "note"), [
+    # 6 rows over rows=3 and 2 microbatches: no room for rows=2 and 2 microbatches
+    (6, 2, True, "every data-parallel rank was run: `rows`: the plan does not shrink or lower"),
+    # 9 rows over rows=3 and 3 microbatches: nor for 2 microbatches, with or without rows=2
+    (9, 3, False, "all 3 microbatches were run: the plan does not shrink or lower"),
+    (9, 3, True, "all 3 microbatches were run: the plan does not shrink or lower"),
+])
+def test_sizes_the_reduced_plan_cannot_take_keep_the_plans(
+        tmp_path: Path, batch: int, microbatches: int, ranks: bool, note: str) -> None:
+    """A batch that divides the plan's ranks and microbatches but not two of each: the
+    reductions are not taken (the shrinking makes up no divisibility), and the plan is
+    proven at its own sizes, never an internal error (found by an adversarial run)."""
+    text = PLAN.replace("batch 16", f"batch {batch}").replace(
+        "microbatches 2\n", f"microbatches {microbatches}\n").replace(
+        "mesh rows=4", "mesh rows=3")
+    verdict = check_file(write(tmp_path, text), cache=False, fewer_ranks=ranks)
+    assert verdict.verdict == VERIFIED, verdict.reason
+    assert not verdict.reduced_axes and not reduced(verdict)
+    assert any(n.startswith(note) for n in verdict.notes), verdict.notes

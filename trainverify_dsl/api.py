@@ -546,7 +546,8 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
                    blocks: bool = False, segment: bool = True,
                    layout: tuple[list[Diagnostic], Lowered | None] | None = None,
                    earlier: Programs | None = None, fewer: bool = False,
-                   ranks: bool | None = None, _ranks_why: str = "") -> Programs:
+                   ranks: bool | None = None, _ranks_why: str = "",
+                   _microbatches_why: str = "") -> Programs:
     """The layout pass at full size, then the plan's parallel program and the reference step
     at the shrunk sizes (``simulate_file`` explains the arguments and errors). The reference
     step is traced block by block (one graph per distinct block, every block traced and
@@ -584,7 +585,7 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
         # a model that cannot be built, traced or found at its full size is not simulated
         # at any size (its errors are the answer, at the spec line or the model's own line)
         raise SimulationSetupError(findings)
-    counts: tuple[int | None, str] = (None, "")
+    counts: tuple[int | None, str] = (None, _microbatches_why)
     axes: tuple[dict[str, int], str] = ({}, _ranks_why)
     if earlier is not None:  # its plan is already without its idle axes
         setup, idle = earlier.setup, earlier.idle
@@ -599,14 +600,28 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
         if counts[0] is not None:
             sizes["microbatches"] = CHECKED_MICROBATCHES
         progress("shrinking the model's widths")
-        setup = prepare(path, shrink=shrink, real=False,
-                        allow_model_outside_root=allow_model_outside_root, sizes=sizes)
+        try:
+            setup = prepare(path, shrink=shrink, real=False,
+                            allow_model_outside_root=allow_model_outside_root, sizes=sizes)
+        except SimulationSetupError as error:
+            if not sizes:
+                raise
+            # the full-size plan shrinks (the layout pass ran), the reduced one does not
+            return _without_reductions(path, counts, axes, str(error), shrink=shrink,
+                                       allow_model_outside_root=allow_model_outside_root,
+                                       stop_on_errors=stop_on_errors, max_memory=max_memory,
+                                       progress=progress, blocks=blocks, segment=segment,
+                                       layout=layout)
         setup.plan, idle = without_idle_axes(setup.plan)
     from trainverify_dsl.spec.fx_import import UnsupportedOps
     from trainverify_dsl.spec.trace import trace_training_step, unsupported_error
 
     reference_opt = spec_optimizer(setup.plan, setup.fake_model)
     shrunk = bool(setup.overrides)
+    rebuild: dict[str, Any] = dict(shrink=shrink, allow_model_outside_root=allow_model_outside_root,
+                                   stop_on_errors=stop_on_errors, max_memory=max_memory,
+                                   progress=progress, blocks=blocks, segment=segment,
+                                   layout=layout)
     progress("lowering the plan to its parallel program")
     try:
         # at full size and with no idle axis the plan is the one the layout pass lowered
@@ -627,33 +642,37 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     except LoweringError as error:
         if errors:  # the full-size plan's own errors say what is wrong, where
             raise SimulationSetupError(findings) from None
-        if not shrunk:
+        if not shrunk and counts[0] is None and not axes[0]:
             raise
         message = "; ".join(f.message for f in error.findings)
+        if counts[0] is not None or axes[0]:  # the reduced sizes lost a divisibility
+            return _without_reductions(path, counts, axes, message, **rebuild)
         raise ShrinkingLostDivisibility(f"the plan lowers at full size but not at the shrunk "
                                         f"sizes {setup.overrides}: {message}") from None
-    if shrunk and len(lowered.findings) > len(findings):
+    if (shrunk or counts[0] is not None or axes[0]) and \
+            len(lowered.findings) > len(findings):
         message = "; ".join(f.message for f in lowered.findings)
+        if counts[0] is not None or axes[0]:
+            return _without_reductions(path, counts, axes, message, **rebuild)
         raise ShrinkingLostDivisibility(f"the shrunk plan (sizes {setup.overrides}) has "
                                         f"findings the full-size plan has not: {message}")
     try:
         program = parallel_program(lowered)
     except UnsupportedOps as error:  # an op of the plan's stages with no IR meaning (dropout)
         raise unsupported_error(error) from None
-    again = functools.partial(build_programs, path, shrink=shrink,
-                              allow_model_outside_root=allow_model_outside_root,
-                              stop_on_errors=stop_on_errors, max_memory=max_memory,
-                              progress=progress, blocks=blocks, segment=segment, layout=layout)
+    again = functools.partial(build_programs, path, **rebuild)
     refusal = fewer_ranks_refusal(program, axes[0]) if axes[0] else None
     if refusal is not None:
         # the argument for fewer ranks needs every rank of the axis to run the same programs
         # and the ranks' gradients summed once: a program that does not runs every rank
         shown = ", ".join(f"`{a}`" for a in axes[0])
-        return again(fewer=fewer, ranks=False, _ranks_why=f"{shown}: {refusal}")
+        return again(fewer=fewer, ranks=False, _ranks_why=f"{shown}: {refusal}",
+                     _microbatches_why=counts[1])
     if counts[0] is not None and _reads_microbatch_index(program):
         # the argument for fewer microbatches needs every microbatch to run the same
         # programs: one that reads its index is run with every microbatch
-        return again(fewer=False, ranks=bool(axes[0]), _ranks_why=axes[1])
+        return again(fewer=False, ranks=bool(axes[0]), _ranks_why=axes[1],
+                     _microbatches_why="a stage program reads the microbatch index")
     points = reference_points(program)
     if earlier is not None and reference_points(earlier.program) == points:
         spec = earlier.spec  # the same model, sizes, optimizer and points
@@ -668,6 +687,20 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
         raise SimulationSetupError([over_budget(setup.plan, need, budget, shrunk)])
     return Programs(setup, program, spec, reference_opt, findings, idle, need.bytes,
                     lowered.binding.segmented, layout, *counts, *axes)
+
+
+def _without_reductions(path: str | Path, counts: tuple[int | None, str],
+                        axes: tuple[dict[str, int], str], message: str,
+                        **rebuild: Any) -> Programs:
+    """The programs built again with every microbatch and rank: the plan shrinks and lowers
+    at its own sizes (the layout pass ran) but not with fewer microbatches or ranks (a batch
+    of 6 over `dp=3` and 2 microbatches has no room for `dp=2` and 2: no new divisibility
+    is made up), so the reductions are not taken and the verdict's notes say why."""
+    why = f"the plan does not shrink or lower with them: {message}"
+    shown = ", ".join(f"`{a}`" for a in axes[0])
+    return build_programs(path, fewer=False, ranks=False, **rebuild,
+                          _ranks_why=f"{shown}: {why}" if axes[0] else axes[1],
+                          _microbatches_why=why if counts[0] is not None else counts[1])
 
 
 def _reads_microbatch_index(program: ParallelProgram) -> bool:

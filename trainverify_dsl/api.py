@@ -587,6 +587,10 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
         raise SimulationSetupError(findings)
     counts: tuple[int | None, str] = (None, _microbatches_why)
     axes: tuple[dict[str, int], str] = ({}, _ranks_why)
+    rebuild: dict[str, Any] = dict(shrink=shrink, allow_model_outside_root=allow_model_outside_root,
+                                   stop_on_errors=stop_on_errors, max_memory=max_memory,
+                                   progress=progress, blocks=blocks, segment=segment,
+                                   layout=layout)
     if earlier is not None:  # its plan is already without its idle axes
         setup, idle = earlier.setup, earlier.idle
         counts = (earlier.microbatches_of_plan, earlier.same_microbatches_why)
@@ -607,21 +611,15 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
             if not sizes:
                 raise
             # the full-size plan shrinks (the layout pass ran), the reduced one does not
-            return _without_reductions(path, counts, axes, str(error), shrink=shrink,
-                                       allow_model_outside_root=allow_model_outside_root,
-                                       stop_on_errors=stop_on_errors, max_memory=max_memory,
-                                       progress=progress, blocks=blocks, segment=segment,
-                                       layout=layout)
+            return _without_reductions(path, counts, axes, str(error), **rebuild)
         setup.plan, idle = without_idle_axes(setup.plan)
     from trainverify_dsl.spec.fx_import import UnsupportedOps
     from trainverify_dsl.spec.trace import trace_training_step, unsupported_error
 
     reference_opt = spec_optimizer(setup.plan, setup.fake_model)
     shrunk = bool(setup.overrides)
-    rebuild: dict[str, Any] = dict(shrink=shrink, allow_model_outside_root=allow_model_outside_root,
-                                   stop_on_errors=stop_on_errors, max_memory=max_memory,
-                                   progress=progress, blocks=blocks, segment=segment,
-                                   layout=layout)
+    # fewer microbatches or ranks than the plan's, chosen here (not an earlier build's sizes)
+    reduced = earlier is None and (counts[0] is not None or bool(axes[0]))
     progress("lowering the plan to its parallel program")
     try:
         # at full size and with no idle axis the plan is the one the layout pass lowered
@@ -642,17 +640,16 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
     except LoweringError as error:
         if errors:  # the full-size plan's own errors say what is wrong, where
             raise SimulationSetupError(findings) from None
-        if not shrunk and counts[0] is None and not axes[0]:
+        if not shrunk and not reduced:
             raise
         message = "; ".join(f.message for f in error.findings)
-        if counts[0] is not None or axes[0]:  # the reduced sizes lost a divisibility
+        if reduced:  # the reduced sizes lost a divisibility the plan's have
             return _without_reductions(path, counts, axes, message, **rebuild)
         raise ShrinkingLostDivisibility(f"the plan lowers at full size but not at the shrunk "
                                         f"sizes {setup.overrides}: {message}") from None
-    if (shrunk or counts[0] is not None or axes[0]) and \
-            len(lowered.findings) > len(findings):
+    if (shrunk or reduced) and len(lowered.findings) > len(findings):
         message = "; ".join(f.message for f in lowered.findings)
-        if counts[0] is not None or axes[0]:
+        if reduced:
             return _without_reductions(path, counts, axes, message, **rebuild)
         raise ShrinkingLostDivisibility(f"the shrunk plan (sizes {setup.overrides}) has "
                                         f"findings the full-size plan has not: {message}")

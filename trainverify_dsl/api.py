@@ -587,10 +587,10 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
         raise SimulationSetupError(findings)
     counts: tuple[int | None, str] = (None, _microbatches_why)
     axes: tuple[dict[str, int], str] = ({}, _ranks_why)
-    rebuild: dict[str, Any] = dict(shrink=shrink, allow_model_outside_root=allow_model_outside_root,
-                                   stop_on_errors=stop_on_errors, max_memory=max_memory,
-                                   progress=progress, blocks=blocks, segment=segment,
-                                   layout=layout)
+    again = functools.partial(build_programs, path, shrink=shrink,
+                              allow_model_outside_root=allow_model_outside_root,
+                              stop_on_errors=stop_on_errors, max_memory=max_memory,
+                              progress=progress, blocks=blocks, segment=segment, layout=layout)
     if earlier is not None:  # its plan is already without its idle axes
         setup, idle = earlier.setup, earlier.idle
         counts = (earlier.microbatches_of_plan, earlier.same_microbatches_why)
@@ -611,7 +611,7 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
             if not sizes:
                 raise
             # the full-size plan shrinks (the layout pass ran), the reduced one does not
-            return _without_reductions(path, counts, axes, str(error), **rebuild)
+            return _without_reductions(again, counts, axes, str(error))
         setup.plan, idle = without_idle_axes(setup.plan)
     from trainverify_dsl.spec.fx_import import UnsupportedOps
     from trainverify_dsl.spec.trace import trace_training_step, unsupported_error
@@ -644,20 +644,19 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
             raise
         message = "; ".join(f.message for f in error.findings)
         if reduced:  # the reduced sizes lost a divisibility the plan's have
-            return _without_reductions(path, counts, axes, message, **rebuild)
+            return _without_reductions(again, counts, axes, message)
         raise ShrinkingLostDivisibility(f"the plan lowers at full size but not at the shrunk "
                                         f"sizes {setup.overrides}: {message}") from None
     if (shrunk or reduced) and len(lowered.findings) > len(findings):
         message = "; ".join(f.message for f in lowered.findings)
         if reduced:
-            return _without_reductions(path, counts, axes, message, **rebuild)
+            return _without_reductions(again, counts, axes, message)
         raise ShrinkingLostDivisibility(f"the shrunk plan (sizes {setup.overrides}) has "
                                         f"findings the full-size plan has not: {message}")
     try:
         program = parallel_program(lowered)
     except UnsupportedOps as error:  # an op of the plan's stages with no IR meaning (dropout)
         raise unsupported_error(error) from None
-    again = functools.partial(build_programs, path, **rebuild)
     refusal = fewer_ranks_refusal(program, axes[0]) if axes[0] else None
     if refusal is not None:
         # the argument for fewer ranks needs every rank of the axis to run the same programs
@@ -686,18 +685,17 @@ def build_programs(path: str | Path, *, shrink: bool | None = None,
                     lowered.binding.segmented, layout, *counts, *axes)
 
 
-def _without_reductions(path: str | Path, counts: tuple[int | None, str],
-                        axes: tuple[dict[str, int], str], message: str,
-                        **rebuild: Any) -> Programs:
+def _without_reductions(again: Callable[..., Programs], counts: tuple[int | None, str],
+                        axes: tuple[dict[str, int], str], message: str) -> Programs:
     """The programs built again with every microbatch and rank: the plan shrinks and lowers
     at its own sizes (the layout pass ran) but not with fewer microbatches or ranks (a batch
     of 6 over `dp=3` and 2 microbatches has no room for `dp=2` and 2: no new divisibility
     is made up), so the reductions are not taken and the verdict's notes say why."""
     why = f"the plan does not shrink or lower with them: {message}"
     shown = ", ".join(f"`{a}`" for a in axes[0])
-    return build_programs(path, fewer=False, ranks=False, **rebuild,
-                          _ranks_why=f"{shown}: {why}" if axes[0] else axes[1],
-                          _microbatches_why=why if counts[0] is not None else counts[1])
+    return again(fewer=False, ranks=False,
+                 _ranks_why=f"{shown}: {why}" if axes[0] else axes[1],
+                 _microbatches_why=why if counts[0] is not None else counts[1])
 
 
 def _reads_microbatch_index(program: ParallelProgram) -> bool:

@@ -252,7 +252,7 @@ def _canonical(program: ParallelProgram, reference: Program, stage: Stage,
 
 
 def _aliases(boundaries: tuple[Any, ...], path: str, program: ParallelProgram
-             ) -> re.Pattern[str] | None:
+             ) -> tuple[re.Pattern[str], dict[str, str]] | None:
     """One name for each block boundary, whatever names it: the hidden state entering block
     ``j`` is ``{path}.j.in`` whether the plan's transfer or the reference calls it
     ``layers.j-1.out``, the embedding's output or ``outer/block_in.0``; its value is
@@ -278,12 +278,13 @@ def _aliases(boundaries: tuple[Any, ...], path: str, program: ParallelProgram
     if not names:
         return None
     keys = sorted(names, key=len, reverse=True)
-    return re.compile(r"(?<=['\"(.@])(?:" + "|".join(map(re.escape, keys)) + r")(?=['\"), ])"), \
-        names  # type: ignore[return-value]
+    found = re.compile(r"(?<=['\"(.@])(?:" + "|".join(map(re.escape, keys)) + r")(?=['\"), ])")
+    return found, names
 
 
 def _normalise(text: str, pattern: re.Pattern[str], block: int,
-               marks: Mapping[str, str], aliases: Any = None) -> str:
+               marks: Mapping[str, str],
+               aliases: tuple[re.Pattern[str], dict[str, str]] | None = None) -> str:
     """``text`` with transfer names replaced by their points, every block boundary by its
     one name (``_aliases``) and every index of the block list written relative to
     ``block``."""

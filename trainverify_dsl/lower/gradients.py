@@ -469,7 +469,7 @@ class GradientTracker:
             counted = self._token_mean
             rest = [a for a in data if a not in counted]
             ranks = math.prod(self.sizes[a] for a in rest)
-            total = factor * loss_scale * ranks
+            total = self._product(factor, data, loss_scale, microbatches)
             if total != 1:
                 self._group(codes_lower.LOSS_SCALE_MISMATCH,
                             applied[-1][0].origin if applied else None,
@@ -483,7 +483,7 @@ class GradientTracker:
                             "counted axes (`op=sum`) and state no `loss-scale`")
             return
         ranks = math.prod(self.sizes[a] for a in data)
-        total = factor * loss_scale * microbatches * ranks
+        total = self._product(factor, data, loss_scale, microbatches)
         if total != 1:
             origin, help = self._scale_at_fault(applied, factor * ranks, loss_scale,
                                                 microbatches, reducer)

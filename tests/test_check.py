@@ -447,3 +447,42 @@ def test_the_api_refuses_invalid_options_before_any_work(tmp_path: Path) -> None
         check("plan x\nmesh dp=2\n", time_limit=-5)
     empty = check("")
     assert empty.verdict == ERROR and empty.plan == TEXT_PLAN
+
+
+@pytest.mark.parametrize("lean_status, widened", [
+    ("open", True), ("proven", False), ("failed", False), ("unsupported", False),
+    ("refuted", False)])
+def test_a_lean_proof_left_open_is_proven_again_wide(monkeypatch, lean_status: str,
+                                                     widened: bool) -> None:
+    """The first proof distributes only two-term sums (``terms.DISTRIBUTE_LEAN``). Only an
+    open one (nothing refuted) is proven again, with the wide normal form, and says so; a
+    proven, failed, unsupported or refuted one is the answer."""
+    from trainverify_dsl.check import terms as t
+
+    widths: list[int] = []
+
+    def fake(pair, timeout_s, progress, deadline, symmetric=True, lean=False):
+        widths.append(t.DISTRIBUTE)
+        assert lean == (len(widths) == 1)
+        if len(widths) == 1:
+            proof = prove_module.Proof("open" if lean_status == "refuted" else lean_status,
+                                       "1 of 3 obligations ... are not proven")
+            if lean_status == "refuted":
+                proof.refuted = [("an obligation", "a model")]
+            return proof
+        return prove_module.Proof("proven")
+
+    monkeypatch.setattr(prove_module, "_prove", fake)
+    proof = prove_module.prove(object())  # type: ignore[arg-type]
+    assert widths == ([t.DISTRIBUTE_LEAN, t.DISTRIBUTE_WIDE] if widened
+                      else [t.DISTRIBUTE_LEAN])
+    assert bool(proof.widened) == widened
+    if widened:
+        assert proof.status == "proven" and "1 of 3 obligations" in proof.widened
+    assert t.DISTRIBUTE == t.DISTRIBUTE_WIDE  # restored for whatever runs next
+
+
+def test_the_lean_normal_form_decides_a_shipped_plan_alone() -> None:
+    verdict = check_file(ROOT / "plans" / "llama_tiny_tp.tvp", cache=False)
+    assert verdict.verdict == VERIFIED, verdict.reason
+    assert not any("proven again with sums" in n for n in verdict.notes), verdict.notes

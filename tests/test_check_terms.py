@@ -502,3 +502,29 @@ def test_a_test_of_two_unrelated_values_stays_symbolic() -> None:
                          domain)["out"]
     assert domain.assumed_orders == 0
     assert all(isinstance(v, t.Term) for v in out.flat)
+
+
+def test_the_lean_width_distributes_only_two_term_sums() -> None:
+    """``set_distribute``: at the lean width a three-term sum stays one factor, at the wide
+    one it distributes; both are the same real value."""
+    try:
+        t.set_distribute(t.DISTRIBUTE_LEAN)
+        a, b, c, m = (t.var(n) for n in "abcm")
+        assert m * (a + b) is m * a + m * b
+        lean = m * (a + b + c)
+        assert lean is not m * a + m * b + m * c and len(lean.terms) == 1
+        t.set_distribute(t.DISTRIBUTE_WIDE)
+        a, b, c, m = (t.var(n) for n in "abcm")
+        assert m * (a + b + c) is m * a + m * b + m * c
+    finally:
+        t.set_distribute(t.DISTRIBUTE_WIDE)
+
+
+def test_terms_built_in_any_order_are_one_object() -> None:
+    """The table's keys do not depend on the order a sum or product was built in."""
+    xs = [t.var(f"k{i}") for i in range(9)]
+    forward = t.Poly.sum(x * y for x, y in zip(xs, xs[1:]))
+    backward = t.Poly.sum(x * y for x, y in reversed(list(zip(xs[1:], xs))))
+    assert forward is backward
+    assert (xs[0] * xs[1] * xs[2]) is (xs[2] * (xs[1] * xs[0]))
+    assert (xs[0] + 3) * xs[1].power(2) is xs[1] * (3 + xs[0]) * xs[1]

@@ -1198,6 +1198,8 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
     verdict.stages_total, verdict.stages_unique = proof.stages, proof.stages - proof.merged
     if proof.uncut:
         verdict.notes.append(proof.uncut)
+    if proof.widened:
+        verdict.notes.append(proof.widened)
     if proof.symmetry:
         verdict.notes.append(f"symmetry: {proof.symmetry}")
     if proof.status == "proven" and not proof.elements:

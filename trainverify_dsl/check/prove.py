@@ -128,6 +128,8 @@ class Proof:
     #: why a proof cut at stage boundaries was not used, or why the step was not proven
     #: again uncut ("": neither applies)
     uncut: str = ""
+    #: why the step was proven again in the wide normal form (``terms.DISTRIBUTE_WIDE``)
+    widened: str = ""
     #: obligations of the cuts themselves (``check/stages.py``) left open or not attempted
     cuts_unproven: int = 0
     #: stages not run, proven by a representative of the same canonical form
@@ -154,6 +156,11 @@ def symbolic_inputs(pair: CheckPair, zeros: frozenset[str] = frozenset()) -> dic
     return values
 
 
+#: After this many open obligations the verdict is inconclusive whatever the rest give; the
+#: rest are counted, not attempted.
+MAX_OPEN = 10
+
+
 def prove(pair: CheckPair, timeout_s: float = 60.0,
           progress: Callable[[str], None] = lambda phase: None,
           deadline: float | None = None, symmetric: bool = True) -> Proof:
@@ -163,22 +170,43 @@ def prove(pair: CheckPair, timeout_s: float = 60.0,
     identical blocks are proven once (``check/symmetry.py``)."""
     t.set_deadline(deadline)
     try:
-        return _prove(pair, timeout_s, progress, deadline, symmetric)
+        t.set_distribute(t.DISTRIBUTE_LEAN)
+        proof = _prove(pair, timeout_s, progress, deadline, symmetric, lean=True)
+        if proof.status != "open" or proof.refuted:
+            return proof
+        # a lean normal form leaves more pairs to the expansion, and some beyond its budget:
+        # prove the step again with the wide one (each proof stands on its own; neither
+        # decides anything the other did not)
+        lean = proof.reason
+        del proof  # its obligations hold terms of the lean run
+        t.set_distribute(t.DISTRIBUTE_WIDE)
+        proof = _prove(pair, timeout_s, progress, deadline, symmetric)
+        proof.widened = f"the proof with two-term sums distributed left an obligation open " \
+                        f"({lean}); the step was proven again with sums of up to " \
+                        f"{t.DISTRIBUTE_WIDE - 1} terms distributed"
+        return proof
     except t.OutOfTime:
         t.reset()
         return Proof("unsupported", "the time limit was reached before both programs ran on "
                                     "symbols and were compared")
     finally:
         t.set_deadline(None)
+        t.set_distribute(t.DISTRIBUTE_WIDE)
 
 
 def _prove(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
-           deadline: float | None, symmetric: bool = True) -> Proof:
+           deadline: float | None, symmetric: bool = True, lean: bool = False) -> Proof:
     """The proof cut at the pair's stage boundaries when it has some and that proof holds;
     else the whole step as one stage (a cut that does not hold proves nothing either way:
     ``check/stages.py``), unless the cut run could not run at all (an op without an exact
-    meaning, too many terms), which the uncut run could not either."""
-    cut = _prove_cut(pair, timeout_s, progress, deadline, symmetric)
+    meaning, too many terms), which the uncut run could not either. ``lean``: a first try
+    in the lean normal form, which stops at its first open obligation and is never proven
+    again uncut (``prove`` widens the normal form instead)."""
+    max_open = 1 if lean else MAX_OPEN
+    cut = _prove_cut(pair, timeout_s, progress, deadline, symmetric, max_open)
+    if lean:
+        return cut if cut is not None else _prove_stage(pair, timeout_s, progress, deadline,
+                                                        None, max_open=max_open)
     # an op without an encoding, or a step too large on symbols, is as much so uncut
     if cut is not None and cut.status in ("proven", "unsupported"):
         return cut
@@ -200,7 +228,8 @@ def _prove(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
 
 
 def _prove_cut(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
-               deadline: float | None, symmetric: bool = True) -> Proof | None:
+               deadline: float | None, symmetric: bool = True,
+               max_open: int = MAX_OPEN) -> Proof | None:
     from trainverify_dsl.check.stages import numeric_values, plan_cuts
 
     if not pair.boundaries:
@@ -220,7 +249,8 @@ def _prove_cut(pair: CheckPair, timeout_s: float, progress: Callable[[str], None
         merged = len(classes.skipped_stages)
         progress(f"{len(cuts) + 1 - merged} of {len(cuts) + 1} stages distinct, {merged} "
                  f"proven by symmetry")
-    proof = _prove_stage(pair, timeout_s, progress, deadline, (cuts, witness), classes)
+    proof = _prove_stage(pair, timeout_s, progress, deadline, (cuts, witness), classes,
+                         max_open)
     proof.stages = len(cuts) + 1
     if classes is not None:
         proof.merged, proof.symmetry = len(classes.skipped_stages), classes.describe()
@@ -229,7 +259,7 @@ def _prove_cut(pair: CheckPair, timeout_s: float, progress: Callable[[str], None
 
 def _prove_stage(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
                  deadline: float | None, cut: tuple[list[Any], dict[str, Any]] | None,
-                 classes: symmetry.Symmetry | None = None) -> Proof:
+                 classes: symmetry.Symmetry | None = None, max_open: int = MAX_OPEN) -> Proof:
     from trainverify_dsl.check.stages import SymbolicCuts
 
     t.reset()
@@ -282,20 +312,18 @@ def _prove_stage(pair: CheckPair, timeout_s: float, progress: Callable[[str], No
         proof.reason = "; ".join(f"{m.check}: {m.tensor}: {m.detail}"
                                  for m in checked.mismatches[:3])
         return proof
-    _solve(exact.obligations, proof, timeout_s, progress, deadline)
+    _solve(exact.obligations, proof, timeout_s, progress, deadline, max_open)
     return proof
 
 
 #: An obligation whose two sides together have more distinct sub-terms than this is not handed
 #: to z3 (which times out on them): it stays open.
 SOLVER_MAX_TERMS = 400
-#: After this many open obligations the verdict is inconclusive whatever the rest give; the
-#: rest are counted, not attempted.
-MAX_OPEN = 10
 
 
 def _solve(obligations: list[Obligation], proof: Proof, timeout_s: float,
-           progress: Callable[[str], None], deadline: float | None = None) -> None:
+           progress: Callable[[str], None], deadline: float | None = None,
+           max_open: int = MAX_OPEN) -> None:
     from trainverify_dsl.check.expand import Expander
     from trainverify_dsl.check.stages import CHECK
 
@@ -305,7 +333,7 @@ def _solve(obligations: list[Obligation], proof: Proof, timeout_s: float,
     rest = 0  # the first obligation not attempted
     for k, ob in enumerate(obligations):
         rest = k + 1
-        if len(proof.open) >= MAX_OPEN:
+        if len(proof.open) >= max_open:
             proof.not_attempted, rest = len(obligations) - k, k
             break
         if k % 50 == 0:

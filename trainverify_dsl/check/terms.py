@@ -40,10 +40,10 @@ from typing import Any
 #: name -> interned term (cleared by ``reset``)
 _TABLE: dict[Any, Any] = {}
 
-#: The most distinct terms one proof may make (about 1 KiB each): beyond it ``TooManyTerms``
-#: (the step is too large to prove as one stage; the verdict is inconclusive, not an
-#: exhausted machine).
-MAX_TERMS = 3_000_000
+#: The most distinct terms one proof may make (about 0.8 KiB each with the table's keys:
+#: 4,000,000 stay under 4 GiB of memory): beyond it ``TooManyTerms`` (the step is too large
+#: to prove as one stage; the verdict is inconclusive, not an exhausted machine).
+MAX_TERMS = 4_000_000
 
 
 class TooManyTerms(Exception):
@@ -345,7 +345,7 @@ class Monomial(Term):
 
     @staticmethod
     def make(powers: dict[Any, int]) -> Monomial:
-        key = ("mono", frozenset((id(f), e) for f, e in powers.items()))
+        key = _monomial_key(powers)
         term = _TABLE.get(key)
         if term is None:
             _full()
@@ -372,6 +372,35 @@ _ZERO = Fraction(0)
 _ONE = Fraction(1)
 
 
+# The table's keys for monomials and polys are flat tuples of the interned parts in the order
+# of their ``id`` (a canonical order for one table's life): a monomial's ``(factor, exponent,
+# ...)``, a poly's ``(numerator, denominator, monomial, numerator, denominator, ...)``. The
+# parts are the objects the term holds anyway, so a key costs one tuple; a key of nested
+# tuples or a frozenset cost several times the term itself. Coefficients enter as (numerator,
+# denominator): equal exactly when the (normalised) fractions are, and hashed several times
+# faster than a Fraction. No key of one kind equals a key of another: a monomial's starts with
+# a term, a poly's with an int, the other terms' with a string.
+
+def _id_of_first(item: tuple[Any, Any]) -> int:
+    return id(item[0])
+
+
+def _monomial_key(powers: dict[Any, int]) -> tuple[Any, ...]:
+    if len(powers) == 1:
+        return next(iter(powers.items()))
+    key: list[Any] = []
+    for f, e in sorted(powers.items(), key=_id_of_first):
+        key += (f, e)
+    return tuple(key)
+
+
+def _poly_key(const: Fraction, terms: dict[Monomial, Fraction]) -> tuple[Any, ...]:
+    key: list[Any] = [const.numerator, const.denominator]
+    for m, c in (sorted(terms.items(), key=_id_of_first) if len(terms) > 1 else terms.items()):
+        key += (m, c.numerator, c.denominator)
+    return tuple(key)
+
+
 class Poly(Term):
     """``const + sum(coefficient * monomial)``; immutable, interned, equality is ``is``."""
 
@@ -388,10 +417,7 @@ class Poly(Term):
 
     @staticmethod
     def make(const: Fraction, terms: dict[Monomial, Fraction]) -> Poly:
-        # coefficients enter keys as (numerator, denominator): equal exactly when the
-        # (normalised) fractions are, and hashed several times faster than a Fraction
-        key = ("poly", const.numerator, const.denominator,
-               frozenset((id(m), c.numerator, c.denominator) for m, c in terms.items()))
+        key = _poly_key(const, terms)
         term = _TABLE.get(key)
         if term is None:
             _full()
@@ -582,7 +608,28 @@ class Poly(Term):
 #: whether the plan multiplies before or after adding them. Longer sums stay factored:
 #: distributing every product grows a value by the contraction width at every matmul
 #: (exponential in depth); ``check/expand.py`` expands only the obligations that need it.
+#: The width in force: ``set_distribute`` (a proof tries ``DISTRIBUTE_LEAN`` first, then
+#: ``DISTRIBUTE_WIDE``: ``check/prove.py``).
 DISTRIBUTE = 5
+
+#: Only two-term sums (``1 - s``, ``a + b``) distribute: the normal form stays close to the
+#: computation's size. At tensor-parallel widths a block's cotangents are sums of three or
+#: four terms (a residual's cotangent plus its branches', a causal attention row over its
+#: first positions), and multiplying each of those into every product of a matrix product
+#: made ``llama3_8b_3d`` five times larger (bench/results/check.md, session 27).
+DISTRIBUTE_LEAN = 3
+#: Sums of up to four terms distribute: more pairs get one normal form (a plan that spreads a
+#: three-term cotangent over its partial products, where the reference multiplies it whole).
+DISTRIBUTE_WIDE = 5
+
+
+def set_distribute(width: int) -> None:
+    """Make ``width`` the width in force and forget every term (terms made at one width are
+    true values at the other too, but not in its normal form: equality would no longer be
+    ``is``)."""
+    global DISTRIBUTE
+    DISTRIBUTE = width
+    reset()
 
 
 def _short(p: Poly) -> bool:
@@ -719,8 +766,8 @@ def reset() -> None:
     and ``ONE`` stay (other modules hold them). Terms made before a reset never equal terms
     made after it: never mix them."""
     _TABLE.clear()
-    _TABLE[("poly", 0, 1, frozenset())] = ZERO
-    _TABLE[("poly", 1, 1, frozenset())] = ONE
+    _TABLE[_poly_key(_ZERO, {})] = ZERO
+    _TABLE[_poly_key(_ONE, {})] = ONE
 
 
 class Inf:

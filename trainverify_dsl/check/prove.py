@@ -15,6 +15,10 @@ cut there (``check/stages.py``): both sides read fresh variables after the bound
 the cut's own obligations say each side computed the same boundary value and cotangent.
 Blocks whose stages have one canonical form are run and compared once
 (``check/symmetry.py``). If that proof does not hold, the step is proven again as one stage.
+
+The first proof runs in the lean normal form (``terms.DISTRIBUTE_LEAN``: only two-term sums
+distribute), the small one at tensor-parallel widths, and stops at its first open
+obligation; then the whole proof is made again in the wide one (``DISTRIBUTE_WIDE``).
 """
 
 from __future__ import annotations
@@ -180,6 +184,7 @@ def prove(pair: CheckPair, timeout_s: float = 60.0,
         lean = proof.reason
         del proof  # its obligations hold terms of the lean run
         t.set_distribute(t.DISTRIBUTE_WIDE)
+        progress("an obligation left open: proving again with the wide normal form")
         proof = _prove(pair, timeout_s, progress, deadline, symmetric)
         proof.widened = f"the proof with two-term sums distributed left an obligation open " \
                         f"({lean}); the step was proven again with sums of up to " \

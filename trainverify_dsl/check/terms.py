@@ -616,7 +616,8 @@ DISTRIBUTE = 5
 #: computation's size. At tensor-parallel widths a block's cotangents are sums of three or
 #: four terms (a residual's cotangent plus its branches', a causal attention row over its
 #: first positions), and multiplying each of those into every product of a matrix product
-#: made ``llama3_8b_3d`` five times larger (bench/results/check.md, session 27).
+#: gave ``attention.wo``'s weight gradient in ``llama3_8b_3d`` 168 terms per element where the
+#: lean form has 36 (bench/results/check.md, session 27).
 DISTRIBUTE_LEAN = 3
 #: Sums of up to four terms distribute: more pairs get one normal form (a plan that spreads a
 #: three-term cotangent over its partial products, where the reference multiplies it whole).

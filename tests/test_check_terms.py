@@ -506,7 +506,7 @@ def test_a_test_of_two_unrelated_values_stays_symbolic() -> None:
 
 def test_the_lean_width_distributes_only_two_term_sums() -> None:
     """``set_distribute``: at the lean width a three-term sum stays one factor, at the wide
-    one it distributes; both are the same real value."""
+    one it distributes."""
     try:
         t.set_distribute(t.DISTRIBUTE_LEAN)
         a, b, c, m = (t.var(n) for n in "abcm")

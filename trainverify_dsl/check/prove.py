@@ -191,12 +191,11 @@ def prove(pair: CheckPair, timeout_s: float = 60.0,
                         f"{t.DISTRIBUTE_WIDE - 1} terms distributed"
         return proof
     except t.OutOfTime:
-        t.reset()
         return Proof("unsupported", "the time limit was reached before both programs ran on "
                                     "symbols and were compared")
     finally:
         t.set_deadline(None)
-        t.set_distribute(t.DISTRIBUTE_WIDE)
+        t.set_distribute(t.DISTRIBUTE_WIDE)  # and frees the proof's terms
 
 
 def _prove(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],

@@ -426,6 +426,22 @@ def test_a_near_tie_at_the_witness_is_unsupported() -> None:
     assert out.tolist() == [[0]]
 
 
+def test_a_value_masked_with_minus_infinity_is_apart_from_the_finite_ones() -> None:
+    """Session 28: group-limited routing (DeepSeek-V3) masks the dropped groups with -inf
+    before its top-k; the witness called the last finite value and the first -inf a near tie
+    (inf <= TIE * inf), so `deepseek_v3_236b` was inconclusive at every drawn value. Two equal
+    infinities that the top-k must order still tie."""
+    drawn = np.array([[0.9, 0.2, 0.7, 0.4]])
+    row = variables("x0", (1, 4))
+    row[0, 1] = row[0, 3] = t.NEG_INF  # the second group dropped
+    graph = _node("topk_indices", [(1, 4)], {"dim": 1, "k": 2, "largest": True})
+    out = evaluate_graph(graph, {"x0": row}, SymbolicDomain(_witness("x0", drawn)))["out"]
+    assert out.tolist() == [[0, 2]]
+    three = _node("topk_indices", [(1, 4)], {"dim": 1, "k": 3, "largest": True})
+    with pytest.raises(Unsupported, match="tie"):
+        evaluate_graph(three, {"x0": row}, SymbolicDomain(_witness("x0", drawn)))
+
+
 @pytest.mark.parametrize(("dtype", "op", "values", "want"), [
     ("i64", "avg", [np.array([1, 4]), np.array([2, 7])], [1, 5]),  # truncated, as numpy casts
     ("i64", "sum", [np.array([1, 4]), np.array([2, 7])], [3, 11]),

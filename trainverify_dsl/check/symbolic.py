@@ -565,7 +565,8 @@ class SymbolicDomain(Domain):
         if lattice.kind == "max":
             order = order[::-1]
         first, second = numbers[order[0]], numbers[order[1]]
-        if abs(first - second) <= TIE * max(1.0, abs(first), abs(second)):
+        if first == second or (math.isfinite(first) and math.isfinite(second) and
+                               abs(first - second) <= TIE * max(1.0, abs(first), abs(second))):
             raise Unsupported(f"`{lattice.kind}` of computed values that nearly tie at the "
                               "drawn values (its backward's choice is not decided there)")
         return members[int(order[0])] == value
@@ -678,7 +679,9 @@ def _require_separated(op: str, numeric: np.ndarray, attrs: Mapping[str, Any]) -
     with np.errstate(invalid="ignore"):
         gap = np.abs(a - b)
         scale = np.maximum(1.0, np.maximum(np.abs(a), np.abs(b)))
-        tied = (a == b) | (gap <= TIE * scale)
+        # a finite value is apart from an infinite one (a group masked with -inf): only two
+        # equal infinities tie, which `a == b` finds
+        tied = (a == b) | (np.isfinite(a) & np.isfinite(b) & (gap <= TIE * scale))
     if np.any(tied):
         raise Unsupported(f"`{op}` of computed values that nearly tie at the drawn values "
                           "(the order is not decided there)")

@@ -10,8 +10,9 @@
 - Each part of the canonical form keeps a block apart when it differs: a gradient statement
   on one block's parameter, one parameter's layout, the optimizer's update graph for one
   parameter, the reference's call for one block, a claim on one block's tensor.
-- Nothing is merged with gradient clipping, per-rank optimizer overrides or an ordering of
-  computed values; the verdict names the merge.
+- Nothing is merged with gradient clipping or per-rank optimizer overrides; a block that
+  orders computed values (top-k routing) merges, proven under its representative's drawn
+  routing, and the verdict says so; the verdict names the merge.
 """
 
 from __future__ import annotations
@@ -122,6 +123,24 @@ def test_a_block_with_other_statements_is_its_own_class(tmp_path: Path) -> None:
     assert any(n.startswith("symmetry: 3 block stages") for n in verdict.notes)
 
 
+@pytest.mark.slow
+def test_moe_blocks_with_top_k_routing_merge_under_their_representatives_routing(
+        tmp_path: Path) -> None:
+    """Session 28: every DeepSeek MoE block orders its router's scores, so no MoE block
+    merged and the paper plans' symbolic step grew with their layer count. Now they merge
+    (``deepseek_tiny_ep`` at 4 blocks: blocks 2 and 3 proven by block 1's proof), and the
+    verdict says whose drawn routing the merged blocks are proven under."""
+    text = (ROOT / "plans" / "deepseek_tiny_ep.tvp").read_text()
+    text = text.replace('"stdlib/', f'"{ROOT}/stdlib/').replace(
+        "batch 4 seq 8", "batch 4 seq 8 n_layers 4").replace("layers[1:3]", "layers[1:4]")
+    path = tmp_path / "plan.tvp"
+    path.write_text(text)
+    verdict = api.check_file(path, cache=False, allow_model_outside_root=True)
+    assert verdict.verdict == VERIFIED, verdict.reason
+    assert (verdict.stages_total, verdict.stages_unique) == (6, 4)
+    assert any("representative's drawn routing" in a for a in verdict.assumptions)
+
+
 def _block_param(pair, block: int) -> str:
     return next(p for p, _ in pair.program.param_layouts
                 if p.startswith(f"layers.{block}.feed_forward.w1"))
@@ -187,7 +206,11 @@ def test_a_difference_in_any_part_of_the_form_keeps_the_block_apart(five, mutate
     assert classes.classes == ((1, (2, 3, 5)),)
 
 
-def test_clipping_overrides_and_orderings_stop_every_merge(five, monkeypatch) -> None:
+def test_clipping_and_overrides_stop_every_merge_and_an_ordering_is_named(five,
+                                                                         monkeypatch) -> None:
+    """Session 28: a block that orders computed values (top-k routing) merges, and the
+    symmetry says so (``ordered``: the merged block is proven under its representative's
+    drawn routing, which the verdict states)."""
     pair, cuts = five
     program = pair.program
     clipped = dataclasses.replace(pair, program=dataclasses.replace(program, clip=object()))
@@ -196,8 +219,11 @@ def test_clipping_overrides_and_orderings_stop_every_merge(five, monkeypatch) ->
     overridden = dataclasses.replace(pair, program=dataclasses.replace(program, optimizer=opt))
     assert symmetry.find(overridden, cuts) is None
     op = program.stages[1].graph.nodes[-1].op
+    assert not symmetry.find(pair, cuts).ordered
     monkeypatch.setattr(symmetry, "ORDERINGS", {op: None})
-    assert symmetry.find(pair, cuts) is None
+    ordered = symmetry.find(pair, cuts)
+    assert ordered is not None and ordered.ordered
+    assert ordered.classes == symmetry.find(pair, cuts).classes
 
 
 def test_a_cut_next_to_a_merged_block_keeps_its_obligations(five, monkeypatch) -> None:

@@ -1192,7 +1192,9 @@ def _prove(verdict: Any, pair: Any, timeout: float, progress: Progress,
             "argmax nodes or tests against a maximum, as amax's backward makes) take the "
             "order they have at the drawn values, every ranked value apart there: the proof "
             "holds wherever the routing (the largest entry) is the drawn one, not for every "
-            "routing")
+            "routing" + ("; a block proven by symmetry is proven under its representative's "
+                         "drawn routing, not the one its own drawn values take"
+                         if proof.merged_orders else ""))
     verdict.elements, verdict.by_normal_form = proof.elements, proof.by_normal_form
     verdict.by_expansion, verdict.by_solver = proof.by_expansion, proof.by_solver
     verdict.stages_total, verdict.stages_unique = proof.stages, proof.stages - proof.merged

@@ -39,10 +39,11 @@ from trainverify_dsl.ir.parallel import Source
 from trainverify_dsl.report.span import Span
 
 #: the format of an entry; part of the fingerprint
-FORMAT = 3
-#: the counts of a ``Proof`` an entry keeps
+FORMAT = 4
+#: the counts of a ``Proof`` an entry keeps (``merged_orders`` as 0 or 1: an assumption the
+#: verdict states)
 FIELDS = ("elements", "by_normal_form", "by_expansion", "by_solver", "assumed_orders",
-          "stages", "merged", "by_symmetry")
+          "stages", "merged", "by_symmetry", "merged_orders")
 
 
 def default_dir() -> Path:

@@ -142,6 +142,9 @@ class Proof:
     symmetry: str = ""
     #: elements compared in the representatives' place
     by_symmetry: int = 0
+    #: a merged block orders computed values: it is proven under its representative's
+    #: drawn routing (``Symmetry.ordered``)
+    merged_orders: bool = False
 
 
 def symbolic_inputs(pair: CheckPair, zeros: frozenset[str] = frozenset()) -> dict[str, Any]:
@@ -258,6 +261,7 @@ def _prove_cut(pair: CheckPair, timeout_s: float, progress: Callable[[str], None
     proof.stages = len(cuts) + 1
     if classes is not None:
         proof.merged, proof.symmetry = len(classes.skipped_stages), classes.describe()
+        proof.merged_orders = classes.ordered
     return proof
 
 

@@ -26,10 +26,14 @@ representative's proof is the other's.
 Only exact equality of canonical forms merges blocks; a block whose form is unique is
 proven itself. Nothing is merged when the step couples its parameters (``clip-grad-norm``'s
 global norm) or when an optimizer hyper-parameter depends on the rank (per-rank overrides,
-which may name the pipeline coordinate); a block that orders computed values (top-k
-routing takes its order at each block's own drawn values, ``check/symbolic.py``) is never
-merged. A renamed name that is a known integer input (token ids, labels), whose value is
-fixed rather than a variable, also stops the merge.
+which may name the pipeline coordinate). A block that orders computed values (top-k
+routing) merges like any other: its representative's obligations are identities over every
+value of its variables *under the routing the representative takes at its drawn values*
+(``check/symbolic.py``), so the renaming proves the merged block under that same routing.
+The verdict says so (``Symmetry.ordered``): the drawn routing a merged block is proven for is
+its representative's, not the one its own drawn values would take. A renamed name that is
+a known integer input (token ids, labels), whose value is fixed rather than a variable, also
+stops the merge.
 
 The proof then runs the programs with the merged blocks' stages and reference calls
 replaced by zeros (``evaluate_parallel(skip=...)``, ``evaluate_program(skip=...)``) and
@@ -75,6 +79,9 @@ class Symmetry:
     #: inputs of the step only skipped stages and calls read (the merged blocks'
     #: parameters and optimizer states): the proof binds them to zeros, not variables
     unread: frozenset[str] = frozenset()
+    #: some merged block orders computed values (top-k routing): it is proven under its
+    #: representative's drawn routing
+    ordered: bool = False
 
     def covers(self, where: Comparison) -> bool:
         """Whether a comparison of the final checks is a merged block's (its representative's
@@ -128,9 +135,8 @@ def find(pair: CheckPair, cuts: list[Any]) -> Symmetry | None:
                for t in program.transfers):
             continue  # a value crossing into or out of the block that is not cut
         calls = _block_calls(reference, path, block, _params(stage))
-        if not calls or _orders([stage.graph] + [reference.graph(reference.calls[k].graph)
-                                                  for k in calls]):
-            continue  # no calls to skip, or an order taken at this block's own values
+        if not calls:
+            continue  # no calls to skip
         key = _canonical(program, reference, stage, calls,
                          (by_dest[stage.index], by_source[stage.index]),
                          lambda text, b=block: _normalise(text, pattern, b, marks, aliases))
@@ -143,6 +149,7 @@ def find(pair: CheckPair, cuts: list[Any]) -> Symmetry | None:
     covered: set[str] = set()
     unread: set[str] = set()
     out: list[tuple[int, tuple[int, ...]]] = []
+    ordered = False
     for members in merged:
         (first, _), rest = members[0], members[1:]
         out.append((first, tuple(s for s, _ in rest)))
@@ -150,7 +157,10 @@ def find(pair: CheckPair, cuts: list[Any]) -> Symmetry | None:
             stage = program.stages[index]
             skipped_stages.add(index)
             params = _params(stage)
-            skipped_calls.update(_block_calls(reference, path, block, params))
+            calls = _block_calls(reference, path, block, params)
+            skipped_calls.update(calls)
+            ordered = ordered or _orders([stage.graph] + [
+                reference.graph(reference.calls[k].graph) for k in calls])
             covered.update(s.spec for s in stage.outputs if s.kind == "lineage")
             for p in params:
                 covered.update({f"grad({p})", f"new({p})"})
@@ -167,7 +177,7 @@ def find(pair: CheckPair, cuts: list[Any]) -> Symmetry | None:
             not _points_run(program, reference, skipped_calls, covered):
         return None
     return Symmetry(frozenset(skipped_stages), frozenset(skipped_calls), frozenset(covered),
-                    tuple(out), frozenset(unread))
+                    tuple(out), frozenset(unread), ordered)
 
 
 def _orders(graphs: list[Any]) -> bool:

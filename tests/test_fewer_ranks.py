@@ -85,10 +85,10 @@ def test_the_seed_must_weigh_every_row_the_same_at_both_sizes(
     (("\noptimizer adamw", "\nclip-grad-norm 1.0\noptimizer adamw"), "clipping"),
     # the recipe clips and the plan does not: wrong at any size, and not elementwise
     (("weight-decay=0.1\nmesh", "weight-decay=0.1 clip-grad-norm=1.0\nmesh"), "clipping"),
-    (("split x [rows, -]", "split x [-, rows]"), "otherwise than alone on its batch"),
+    (("split x [rows, -]", "split x [-, rows]"), "otherwise than on its batch"),
     (("all-reduce grad(params) over rows op=avg",
       "all-reduce grad(params) over rows op=avg\nall-reduce fc1.out over rows"),
-     "not a gradient sum"),
+     "not a gradient all-reduce"),
     (("all-reduce grad(params) over rows op=avg",
       "all-reduce grad(fc1.weight) over rows op=avg\nall-reduce grad(fc1.bias) over rows\n"
       "all-reduce grad(fc2.weight) over rows op=avg\nall-reduce grad(fc2.bias) over rows "
@@ -211,6 +211,52 @@ def test_every_rank_carries_its_microbatchs_first_block_of_ids(tmp_path: Path) -
     # rows the layout does not cut into its blocks: an error, never a silently weaker proof
     with pytest.raises(ValueError, match="not cut into blocks"):
         api.same_block_data(built.program, {"tokens": values["tokens"][:-1]}, ["dp"])
+
+
+# the batch split over two axes jointly, the gradients summed over both (as DeepSeek-V3's
+# experts over the data ranks: `split tokens [(dp, ep), -]`, non-expert gradients summed over
+# (dp, ep)); `cols` has two ranks already
+JOINT = PLAN.replace("mesh rows=4", "mesh rows=4, cols=2").replace(
+    "split x [rows, -]\nsplit target [rows, -]", "split x [(rows, cols), -]\n"
+    "split target [(rows, cols), -]").replace("over rows op=avg", "over rows, cols op=avg")
+
+
+@pytest.mark.parametrize("fault", [
+    None,
+    ("over rows, cols op=avg", "over cols op=avg"),          # not summed over `rows`
+    ("over rows, cols op=avg", "over rows, cols op=sum"),    # x8
+    ("split target [(rows, cols), -]", "split target [(cols, rows), -]"),  # rows mismatched
+])
+def test_an_axis_splitting_the_batch_with_another_is_proven_with_two_ranks(
+        tmp_path: Path, fault) -> None:
+    """Session 28: the batch split over (rows, cols) jointly and the gradients all-reduced
+    over both: `rows` is proven at 2 (the argument is per `rows` slice of the batch, whatever
+    `cols` does inside it), with the verdict the plan gets with every rank."""
+    text = JOINT if fault is None else JOINT.replace(*fault)
+    assert fault is None or text != JOINT
+    path = write(tmp_path, text)
+    fewer = check_file(path, cache=False)
+    every = check_file(path, cache=False, fewer_ranks=False)
+    assert (fewer.verdict, bool(fewer.diagnostics)) == (every.verdict, bool(every.diagnostics))
+    if fault is None:
+        assert fewer.verdict == VERIFIED, fewer.reason
+        assert fewer.reduced_axes == {"rows": 4} and reduced(fewer)
+    else:
+        assert fewer.verdict != VERIFIED
+
+
+def test_a_reduce_scatter_over_a_group_holding_the_axis_keeps_the_ranks(tmp_path: Path) -> None:
+    """Its blocks are cut over the whole group, so they depend on the axis's size."""
+    text = JOINT.replace("all-reduce grad(params) over rows, cols op=avg",
+                         "reduce-scatter grad(params) over rows, cols dim=0 op=avg").replace(
+        "\noptimizer adamw lr=0.01 betas=(0.9, 0.95) eps=1e-8 weight-decay=0.1\n",
+        "\noptimizer adamw lr=0.01 betas=(0.9, 0.95) eps=1e-8 weight-decay=0.1 "
+        "shard over rows, cols\n")
+    assert "shard over rows, cols" in text
+    plan = resolve_file(write(tmp_path, text)).plan
+    assert plan is not None
+    why = data_axis_refusal(plan, "rows")
+    assert why is not None and "reduce-scatter over `rows` alone" in why, why
 
 
 def test_a_sum_over_the_ranks_after_one_microbatch_keeps_them(tmp_path: Path) -> None:

@@ -808,9 +808,10 @@ def _line(origin: Any) -> str:
 def data_axis_refusal(plan: Any, axis: str) -> str | None:
     """Why mesh axis ``axis`` of ``plan`` may not be proven at ``CHECKED_RANKS`` ranks from
     its statements alone, or ``None``: it is not the pipeline axis, the loss is a local mean
-    and the step does not clip, and the axis appears only in splits of dimension 0 by itself
-    (the batch of an input: which inputs is checked on the program), in gradient all-reduces
-    and reduce-scatters over it alone with one op, and in `shard over` it alone."""
+    and the step does not clip, and the axis appears only in splits of dimension 0, alone or
+    with other axes (the batch of an input: which inputs is checked on the program), in
+    gradient all-reduces over it or a group holding it and reduce-scatters over it alone, all
+    with one op, and in `shard over` it alone."""
     from trainverify_dsl.plan.checks import sync_time
 
     if axis == PIPELINE_AXIS:
@@ -824,18 +825,19 @@ def data_axis_refusal(plan: Any, axis: str) -> str | None:
         if axis in layout.partial_axes:
             return f"`{layout.target}` is partial over `{axis}` ({_line(layout.origins[0])})"
         for dim, axes in layout.dim_axes:
-            if axis in axes and (dim != 0 or axes != (axis,) or layout.target.grad
+            if axis in axes and (dim != 0 or layout.target.grad
                                  or any(d == dim for d, _ in layout.orders)):
-                return (f"`{layout.target}` is split over `{axis}` otherwise than alone on "
-                        f"its batch dimension ({_line(layout.origins[0])})")
+                return (f"`{layout.target}` is split over `{axis}` otherwise than on its "
+                        f"batch dimension ({_line(layout.origins[0])})")
     ops = set()
     for st in plan.collectives:
         if axis not in st.axes:
             continue
-        if not st.target.grad or st.kind not in _SUMMING or st.axes != (axis,) or \
-                st.op not in _SUMMING_OPS:
+        if not st.target.grad or st.kind not in _SUMMING or st.op not in _SUMMING_OPS or \
+                (st.kind != "all-reduce" and st.axes != (axis,)):
             return (f"`{st.kind} {st.target} over {', '.join(st.axes)}` is not a gradient "
-                    f"sum over `{axis}` alone ({_line(st.origin)})")
+                    f"all-reduce over a group holding `{axis}` or a reduce-scatter over "
+                    f"`{axis}` alone ({_line(st.origin)})")
         if isinstance(sync_time(st, plan.microbatches), int):
             return (f"`{st.kind} {st.target} over {axis}` runs after microbatch "
                     f"{sync_time(st, plan.microbatches)} ({_line(st.origin)})")
@@ -893,7 +895,8 @@ def fewer_ranks_refusal(program: Any, axes: Mapping[str, int]) -> str | None:
     for the plan's, or ``None``: along each axis no stage reads its coordinate or runs a
     collective, only data inputs are split over it (on dimension 0), no parameter, buffer or
     claim is laid out over it, every parameter's gradient goes through exactly one gradient
-    statement over it alone (a sum or a mean, of every microbatch's contribution), every
+    statement over it (an all-reduce over it or a group holding it, or a reduce-scatter over
+    it alone; a sum or a mean, of every microbatch's contribution), every
     gradient statement is linear (a sum or a mean), the optimizer shards over it alone, no
     per-rank override names it, the step does not clip and the loss is a local mean of
     losses that do not divide by their own token counts."""
@@ -935,9 +938,11 @@ def fewer_ranks_refusal(program: Any, axes: Mapping[str, int]) -> str | None:
         for sync in program.grad_syncs:
             if axis not in sync.axes:
                 continue
-            if sync.axes != (axis,) or sync.kind not in ("all_reduce", "reduce_scatter") or \
-                    sync.op not in ("sum", "avg"):
-                return f"a gradient statement over `{', '.join(sync.axes)}` is not a sum " \
+            if sync.kind not in ("all_reduce", "reduce_scatter") or \
+                    sync.op not in ("sum", "avg") or \
+                    (sync.kind == "reduce_scatter" and sync.axes != (axis,)):
+                return f"a gradient statement over `{', '.join(sync.axes)}` is not an " \
+                       f"all-reduce over a group holding `{axis}` or a reduce-scatter " \
                        f"over `{axis}` alone"
             if not all(sync.reduces(m, program.microbatches)
                        for m in range(program.microbatches)):

@@ -268,7 +268,7 @@ def _prove_cut(pair: CheckPair, timeout_s: float, progress: Callable[[str], None
 def _prove_stage(pair: CheckPair, timeout_s: float, progress: Callable[[str], None],
                  deadline: float | None, cut: tuple[list[Any], dict[str, Any]] | None,
                  classes: symmetry.Symmetry | None = None, max_open: int = MAX_OPEN) -> Proof:
-    from trainverify_dsl.check.stages import SymbolicCuts
+    from trainverify_dsl.check.stages import GradientCut, SymbolicCuts
 
     t.reset()
     start = time.perf_counter()
@@ -286,13 +286,17 @@ def _prove_stage(pair: CheckPair, timeout_s: float, progress: Callable[[str], No
     domain = SymbolicDomain(env)
     try:
         values = symbolic_inputs(pair, classes.unread if classes is not None else frozenset())
+        grads = GradientCut(pair.program, pair.reference, variables)
+
+        def replace(name: str, value: Any) -> Any:
+            return grads.replace(name, value if hooks is None else hooks.replace(name, value))
         progress("running the reference step on symbols")
-        outputs = evaluate_program(pair.reference, values, domain,
-                                   replace=hooks.replace if hooks is not None else None,
+        outputs = evaluate_program(pair.reference, values, domain, replace=replace,
                                    skip=skip_calls)
+        grads.restore(outputs, pair.reference)
         progress("running the parallel program on symbols")
         got = evaluate_parallel(pair.program, values, domain=domain, boundaries=hooks,
-                                skip=skip_stages)
+                                skip=skip_stages, gradients=grads.gradient)
     except (Unsupported, t.TooManyTerms) as error:
         t.reset()  # free the terms now
         return Proof("unsupported", str(error), seconds_symbolic=time.perf_counter() - start)

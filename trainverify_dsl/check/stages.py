@@ -305,3 +305,67 @@ class SymbolicCuts:
                 equal(value, want, Comparison(CHECK, what, rank, None, f"microbatch {m}"))
                 count += 1
         return count
+
+
+class GradientCut:
+    """The cut at the gradients: each optimizer update proven on fresh gradient variables.
+
+    The reference's update of parameter ``p`` reads fresh ``G_p`` in place of its computed
+    gradient (``replace``, for ``evaluate_program``), and every rank's update reads its piece
+    of ``G_p`` under the final gradient layout in place of its own final gradient
+    (``gradient``, for ``evaluate_parallel``). The step's reported gradients are the computed
+    ones on both sides (``restore``), so the final checks still compare each rank's gradient
+    with its piece of the reference's, and compare the updates as identities in ``G_p``.
+
+    Sound by substitution (docs/checking.md, "The cut at the gradients"): the gradient check
+    proves ``grad_r(p) = local_r(grad(p))`` on every rank ``r`` holding ``p``, and the update
+    check proves ``U_r(p, local_r(G), s) = local_r(R(p, G, s))`` for every ``G``; with
+    ``G = grad(p)`` the two give the plan's real update. So a parameter is cut only where
+    that gradient check exists and is exactly the value substituted: the plan does not clip
+    (the update would read the clipped gradient), no claim on ``grad(p)`` replaces the
+    default one, the final layout owes no sum (each rank holds a piece, not a partial), and
+    every reference call reading ``grad(p)`` is ``p``'s update. Without the cut, AdamW's
+    ``sqrt(v)`` holds the square of the whole gradient term on each side, factored
+    differently (the plan sums partial gradients the reference computes whole), which the
+    expansion of ``check/expand.py`` cannot multiply out at DeepSeek's sizes."""
+
+    def __init__(self, program: ParallelProgram, reference: Any, variables: Any) -> None:
+        self.variables, self.sizes = variables, program.sizes
+        self.final = program.final_grad_layouts()
+        claimed = {c.target for c in program.claims}
+        readers: dict[str, list[Any]] = {}
+        for call in reference.calls:
+            for arg in call.args:
+                readers.setdefault(arg, []).append(call)
+        self.params: set[str] = set()
+        if program.clip is None and program.optimizer is not None:
+            for u in program.optimizer.updates:
+                name = f"grad({u.param})"
+                calls = readers.get(name, [])
+                if name in claimed or self.final[u.param].partial is not None or not calls \
+                        or not all(f"new({u.param})" in c.results for c in calls):
+                    continue
+                self.params.add(u.param)
+        self.fresh: dict[str, np.ndarray] = {}
+        #: the reference's computed gradients, by tensor name
+        self.ref: dict[str, Any] = {}
+
+    def replace(self, name: str, value: Any) -> Any:
+        if name.startswith("grad(") and name[5:-1] in self.params:
+            self.ref[name] = value
+            if name not in self.fresh:
+                self.fresh[name] = self.variables(f"gradcut:{name}", np.shape(value))
+            return self.fresh[name]
+        return value
+
+    def gradient(self, param: str, rank: int, coords: Mapping[str, int], value: Any) -> Any:
+        fresh = self.fresh.get(f"grad({param})")
+        if fresh is None:
+            return value
+        return take_local(fresh, self.final[param], coords, self.sizes)
+
+    def restore(self, outputs: dict[str, Any], reference: Any) -> None:
+        """The reference's outputs with its computed gradients in place of the fresh ones."""
+        for out, tensor in reference.outputs:
+            if tensor in self.ref:
+                outputs[out] = self.ref[tensor]

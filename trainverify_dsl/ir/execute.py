@@ -12,7 +12,7 @@ meaning comes from the program; nothing here knows the plan. Values belong to a 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
@@ -69,12 +69,18 @@ class Boundaries(Protocol):
         ...
 
 
+#: ``gradients(param, rank, coords, value)``: the final gradient the optimizer step of
+#: ``param`` reads on ``rank`` (the checker's cut at the gradients, ``check/stages.py``)
+Gradients = Callable[[str, int, Mapping[str, int], Any], Any]
+
+
 class _Run:
     def __init__(self, program: ParallelProgram, values: Mapping[str, np.ndarray],
                  batched: bool, domain: Domain, boundaries: Boundaries | None = None,
-                 skip: Collection[int] = ()) -> None:
+                 skip: Collection[int] = (), gradients: Gradients | None = None) -> None:
         self.p, self.values, self.domain = program, values, domain
         self.boundaries = boundaries
+        self.gradients = gradients
         self.skip = frozenset(skip)
         #: (source stage, sent id) -> the transfer delivering it (for cotangents)
         self.sent_by = {(t.source, t.sent): t for t in program.transfers
@@ -373,6 +379,8 @@ class _Run:
             override = opt.override_for(coords)  # §6.4: this rank's own hyper-parameters
             graph = dict(override.graphs)[u.param] if override is not None else u.graph
             grad = acc[u.param]
+            if self.gradients is not None:
+                grad = self.gradients(u.param, rank, coords, grad)
             if final != u.block:  # complete on the rank: take its block (§6.2)
                 grad = _block_of(grad, u.layout, u.block, coords, self.sizes)
             local = [take_local(self.values[u.param], u.block, coords, self.sizes), grad]
@@ -422,7 +430,8 @@ def _block_of(grad: np.ndarray, layout: TLayout, block: TLayout, coords: Mapping
 def evaluate_parallel(program: ParallelProgram, values: Mapping[str, np.ndarray],
                       step: bool = True, batched: bool = True,
                       domain: Domain = NUMERIC, boundaries: Boundaries | None = None,
-                      skip: Collection[int] = ()) -> ParallelOutcome:
+                      skip: Collection[int] = (), gradients: Gradients | None = None
+                      ) -> ParallelOutcome:
     """The plan's training step on the global input ``values`` (by spec name); with
     ``step=False`` only the microbatch loop (local losses, accumulated gradients before the
     gradient statements). ``batched``: every stage graph runs rank-batched
@@ -431,5 +440,7 @@ def evaluate_parallel(program: ParallelProgram, values: Mapping[str, np.ndarray]
     a ``free(shape, key)`` method supplies free values (Rule 5.2) itself. ``boundaries``:
     sees and may replace the values crossing stages (``Boundaries``). ``skip``: stages that
     are not run, their outputs zeros (the checker's symmetry, ``check/symmetry.py``, proves
-    them through other stages and reads none of what they would produce)."""
-    return _Run(program, values, batched, domain, boundaries, skip).run(step)
+    them through other stages and reads none of what they would produce). ``gradients``:
+    sees and may replace the final gradient each optimizer update reads (``Gradients``); the
+    step's reported gradients are not replaced."""
+    return _Run(program, values, batched, domain, boundaries, skip, gradients).run(step)

@@ -261,6 +261,37 @@ def test_sums_only_one_side_holds_multiply_out_while_shared_ones_stay_atoms() ->
     assert Expander().equal(big[0] * spread, right) is None
 
 
+def test_partial_sums_spread_several_sums_deep_cancel_step_by_step() -> None:
+    """Session 28 (`deepseek_tiny_tp`, `deepseek_v3_236b`): at the lean width a rank's two-term
+    partial cotangent times ``sin`` distributes, the reference's whole four-term one stays a
+    factor; the difference sits three sums deep under a long factor both sides share.
+    ``stepwise_zero`` multiplies out one sum per term per round and cancels in between; a
+    different coefficient anywhere is never zero."""
+    from trainverify_dsl.check.expand import stepwise_zero
+
+    try:
+        t.set_distribute(t.DISTRIBUTE_LEAN)
+        x = [t.var(f"x{i}") for i in range(4)]
+        sin, y, z, q, u = (t.var(n) for n in ("sin", "y", "z", "q", "u"))
+        shared = t.Poly.sum([t.var(f"g{i}") * t.var(f"h{i}") for i in range(40)])
+
+        def step(inner: t.Poly) -> t.Poly:
+            return shared * (q * (inner + y * z) + u) + y
+
+        spread = sin * (x[0] + x[1]) + sin * (x[2] + x[3])  # each product distributes
+        whole = sin * t.Poly.sum(x)  # a four-term sum: a factor at the lean width
+        assert len(spread.terms) == 4 and len(whole.terms) == 1
+        left, right = step(spread), step(whole)
+        assert left is not right
+        assert stepwise_zero(left - right, 20_000) is True
+        assert Expander().equal(left, right) is True
+        wrong = step(sin * (x[0] + x[1]) + sin * (x[2] + 2 * x[3]))
+        assert stepwise_zero(wrong - right, 20_000) is False
+        assert Expander().equal(wrong, right) is None
+    finally:
+        t.set_distribute(t.DISTRIBUTE_WIDE)
+
+
 def test_one_expander_answers_a_sequence_of_obligations_in_any_order_alike() -> None:
     """``Expander.equal`` tries the one-sided expansion first after it decided the last
     obligation (deepseek_tiny_tp: 96 obligations in a row, each decided only that way): the

@@ -47,6 +47,79 @@ class TooLarge(Exception):
     """The expansion exceeds the budget."""
 
 
+#: ``stepwise_zero`` stops after this many rounds
+STEPWISE_ROUNDS = 64
+
+
+def stepwise_zero(difference: t.Poly, budget: int) -> bool:
+    """Whether ``difference`` (a normal form) is zero, shown by multiplying out one sum factor
+    of each term per round and adding the terms again in normal form, so that whatever
+    cancels at one level is gone before the next is multiplied out. Session 28: a plan that
+    sums partial cotangents a rank multiplied by ``sin`` one by one (two-term sums distribute)
+    against a reference that multiplies the whole four-term sum (it stays a factor) differs
+    four sums deep; the expansions by depth multiply out every sum at a depth at once, shared
+    or not, and outgrew any budget, where this cancels down to zero through at most 102 terms.
+    Every step is an identity (a product distributed over a sum), so zero is a proof; ``False``
+    is no answer (a term count over ``budget``, no sum factor left, or the rounds spent)."""
+    d = difference
+    try:
+        for _ in range(STEPWISE_ROUNDS):
+            if not d.terms:
+                return not d.const
+            if len(d.terms) > budget:
+                return False
+            d = _without_common_factors(d)
+            parts: list[t.Poly] = []
+            changed = False
+            for m, c in d.terms.items():
+                # the shortest sum first: a long one both sides share is multiplied out last
+                factor = min((f for f, e in m.powers.items() if e > 0 and isinstance(f, t.Poly)),
+                             key=lambda f: len(f.terms), default=None)
+                if factor is None:
+                    parts.append(t.Poly.make(t._ZERO, {m: c}))
+                    continue
+                changed = True
+                rest = dict(m.powers)
+                rest[factor] -= 1
+                if not rest[factor]:
+                    del rest[factor]
+                if rest:
+                    parts.append(t._times_sum(t.Poly.make(t._ZERO, {t.Monomial.make(rest): c}),
+                                              factor))
+                else:
+                    parts.append(factor._scaled(c))
+            if not changed:
+                return False
+            d = t.Poly.sum(parts)
+            t.check_deadline()
+    except t.TooManyTerms:
+        return False
+    return False
+
+
+def _without_common_factors(d: t.Poly) -> t.Poly:
+    """``d`` divided by the factors every term holds (each at its least positive exponent):
+    zero exactly when ``d`` is, for a zero test, and never multiplied out."""
+    if d.const or len(d.terms) < 2:
+        return d
+    common: dict[Any, int] | None = None
+    for m in d.terms:
+        mine = {f: e for f, e in m.powers.items() if e > 0}
+        common = mine if common is None else \
+            {f: min(e, mine[f]) for f, e in common.items() if f in mine}
+        if not common:
+            return d
+    assert common is not None
+    out: dict[t.Monomial, Any] = {}
+    for m, c in d.terms.items():
+        powers = {f: e - common.get(f, 0) for f, e in m.powers.items()}
+        powers = {f: e for f, e in powers.items() if e}
+        if not powers:
+            return d  # a term that is the common factor itself: keep d as it is
+        out[t.Monomial.make(powers)] = c
+    return t.Poly.make(t._ZERO, out)
+
+
 class Expander:
     def __init__(self, budget: int = 20_000, depths: int = 8, small: int = 6) -> None:
         self.budget, self.depths, self.small = budget, depths, small
@@ -67,6 +140,8 @@ class Expander:
             return True if a is b else None
         difference = a - b
         self._alive.append(difference)
+        if stepwise_zero(difference, self.budget):
+            return True
         if self._one_sided_first and self._one_sided(a, b):
             return True
         # first multiply out only short sums (``1 - s``), the long ones (a shared cotangent)

@@ -292,6 +292,27 @@ def test_partial_sums_spread_several_sums_deep_cancel_step_by_step() -> None:
         t.set_distribute(t.DISTRIBUTE_WIDE)
 
 
+def test_a_full_table_while_multiplying_out_leaves_the_obligation_open(monkeypatch) -> None:
+    """Session 28: `deepseek_v3_236b` ended in an internal error (TooManyTerms from
+    multiplying out an obligation, after the step filled most of the table). Multiplying out
+    step by step does not start without room for its terms, and a full table while deciding
+    is an open obligation (inconclusive), never an error."""
+    from types import SimpleNamespace
+
+    from trainverify_dsl.check import expand
+    from trainverify_dsl.check.prove import _decide
+
+    x = [t.var(f"x{i}") for i in range(4)]
+    m = t.var("m")
+    left, right = m * (x[0] + x[1]) + m * (x[2] + x[3]), m * t.Poly.sum(x)
+    monkeypatch.setattr(t, "MAX_TERMS", len(t._TABLE) + 10)
+    assert expand.stepwise_zero(left - right, 20_000) is False  # no room: not tried
+    monkeypatch.setattr(expand, "stepwise_zero", lambda d, budget: (_ for _ in ()).throw(
+        t.TooManyTerms("the symbolic step exceeds 10 distinct terms")))
+    outcome = _decide(SimpleNamespace(got=left, want=right), Expander(), 1.0)
+    assert outcome.status == "unknown" and "while multiplying out" in outcome.reason
+
+
 def test_one_expander_answers_a_sequence_of_obligations_in_any_order_alike() -> None:
     """``Expander.equal`` tries the one-sided expansion first after it decided the last
     obligation (deepseek_tiny_tp: 96 obligations in a row, each decided only that way): the

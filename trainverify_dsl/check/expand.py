@@ -47,8 +47,11 @@ class TooLarge(Exception):
     """The expansion exceeds the budget."""
 
 
-#: ``stepwise_zero`` stops after this many rounds
+#: ``stepwise_zero`` stops after this many rounds, or once it made this many new terms (its
+#: terms are interned in the proof's table, which they then share with the step: bounded so
+#: that undecided obligations do not fill it)
 STEPWISE_ROUNDS = 64
+STEPWISE_TERMS = 100_000
 
 
 def stepwise_zero(difference: t.Poly, budget: int) -> bool:
@@ -60,13 +63,17 @@ def stepwise_zero(difference: t.Poly, budget: int) -> bool:
     four sums deep; the expansions by depth multiply out every sum at a depth at once, shared
     or not, and outgrew any budget, where this cancels down to zero through at most 102 terms.
     Every step is an identity (a product distributed over a sum), so zero is a proof; ``False``
-    is no answer (a term count over ``budget``, no sum factor left, or the rounds spent)."""
+    is no answer (a term count over ``budget``, no sum factor left, the rounds spent, or
+    ``STEPWISE_TERMS`` new terms made, or the table too full to make them)."""
     d = difference
+    start = len(t._TABLE)
+    if start + STEPWISE_TERMS > t.MAX_TERMS:
+        return False
     try:
         for _ in range(STEPWISE_ROUNDS):
             if not d.terms:
                 return not d.const
-            if len(d.terms) > budget:
+            if len(d.terms) > budget or len(t._TABLE) - start > STEPWISE_TERMS:
                 return False
             d = _without_common_factors(d)
             parts: list[t.Poly] = []

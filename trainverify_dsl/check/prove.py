@@ -391,8 +391,11 @@ def _is_cut(ob: Obligation, check: str) -> bool:
 def _decide(ob: Obligation, expander: Any, timeout_s: float) -> Any:
     from trainverify_dsl.check.solver import Outcome
 
-    if expander.equal(ob.got, ob.want):
-        return Outcome("expanded")
+    try:
+        if expander.equal(ob.got, ob.want):
+            return Outcome("expanded")
+    except t.TooManyTerms as error:  # the table is full: the obligation stays open
+        return Outcome("unknown", f"{error} while multiplying out")
     size = t.size(ob.got) + t.size(ob.want)
     if size > SOLVER_MAX_TERMS:
         return Outcome("unknown", f"the two sides differ in normal form and are too large "

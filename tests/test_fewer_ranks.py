@@ -40,6 +40,18 @@ def write(tmp_path: Path, text: str, name: str = "p.tvp") -> Path:
     return path
 
 
+def checked_both_ways(tmp_path: Path, plan: str, fault: tuple[str, str] | None):
+    """``plan`` with ``fault`` applied, checked with fewer ranks and with every rank: the
+    two verdicts (asserted alike)."""
+    text = plan if fault is None else plan.replace(*fault)
+    assert fault is None or text != plan
+    path = write(tmp_path, text)
+    fewer = check_file(path, cache=False)
+    every = check_file(path, cache=False, fewer_ranks=False)
+    assert (fewer.verdict, bool(fewer.diagnostics)) == (every.verdict, bool(every.diagnostics))
+    return fewer, every
+
+
 def reduced(verdict) -> bool:
     return any(a.startswith("data-parallel ranks: proven with rows=2 of the plan's rows=")
                for a in verdict.assumptions)
@@ -166,12 +178,7 @@ def test_the_plan_level_conditions_name_the_statement(tmp_path: Path) -> None:
      "all-reduce grad(fc2.weight) over rows op=avg"),
 ])
 def test_the_verdict_is_the_same_with_every_rank(tmp_path: Path, fault) -> None:
-    text = PLAN if fault is None else PLAN.replace(*fault)
-    assert fault is None or text != PLAN
-    path = write(tmp_path, text)
-    fewer = check_file(path, cache=False)
-    every = check_file(path, cache=False, fewer_ranks=False)
-    assert (fewer.verdict, bool(fewer.diagnostics)) == (every.verdict, bool(every.diagnostics))
+    fewer, every = checked_both_ways(tmp_path, PLAN, fault)
     assert not reduced(every)
     if fewer.verdict == VERIFIED:
         assert reduced(fewer)
@@ -232,12 +239,7 @@ def test_an_axis_splitting_the_batch_with_another_is_proven_with_two_ranks(
     """Session 28: the batch split over (rows, cols) jointly and the gradients all-reduced
     over both: `rows` is proven at 2 (the argument is per `rows` slice of the batch, whatever
     `cols` does inside it), with the verdict the plan gets with every rank."""
-    text = JOINT if fault is None else JOINT.replace(*fault)
-    assert fault is None or text != JOINT
-    path = write(tmp_path, text)
-    fewer = check_file(path, cache=False)
-    every = check_file(path, cache=False, fewer_ranks=False)
-    assert (fewer.verdict, bool(fewer.diagnostics)) == (every.verdict, bool(every.diagnostics))
+    fewer, every = checked_both_ways(tmp_path, JOINT, fault)
     if fault is None:
         assert fewer.verdict == VERIFIED, fewer.reason
         assert fewer.reduced_axes == {"rows": 4} and reduced(fewer)

@@ -283,13 +283,32 @@ def test_partial_sums_spread_several_sums_deep_cancel_step_by_step() -> None:
         assert len(spread.terms) == 4 and len(whole.terms) == 1
         left, right = step(spread), step(whole)
         assert left is not right
-        assert stepwise_zero(left - right, 20_000) is True
+        difference = left - right
+        before = len(t._TABLE)
+        assert stepwise_zero(difference, 20_000) is True
+        # its scratch terms are forgotten: a proof that tries it on hundreds of obligations
+        # does not fill its table (llama3_8b_3d passed 4,000,000 terms before they were)
+        assert len(t._TABLE) == before
+        assert left - right is difference
         assert Expander().equal(left, right) is True
         wrong = step(sin * (x[0] + x[1]) + sin * (x[2] + 2 * x[3]))
         assert stepwise_zero(wrong - right, 20_000) is False
         assert Expander().equal(wrong, right) is None
     finally:
         t.set_distribute(t.DISTRIBUTE_WIDE)
+
+
+def test_forgetting_scratch_terms_keeps_the_ones_still_held() -> None:
+    """``terms.forget_since``: terms made after a point and held by nobody are dropped from
+    the table; one still held stays the table's object, so building it again is ``is``."""
+    count = len(t._TABLE)
+    held = t.var("fs_a") + t.var("fs_b")
+    with_held = len(t._TABLE)
+    _ = t.var("fs_c") * t.var("fs_d")
+    del _
+    t.forget_since(count)
+    assert len(t._TABLE) <= with_held  # the product and its variables went
+    assert t.var("fs_a") + t.var("fs_b") is held
 
 
 def test_a_full_table_while_multiplying_out_leaves_the_obligation_open(monkeypatch) -> None:

@@ -65,42 +65,49 @@ def stepwise_zero(difference: t.Poly, budget: int) -> bool:
     Every step is an identity (a product distributed over a sum), so zero is a proof; ``False``
     is no answer (a term count over ``budget``, no sum factor left, the rounds spent, or
     ``STEPWISE_TERMS`` new terms made, or the table too full to make them)."""
-    d = difference
     start = len(t._TABLE)
     if start + STEPWISE_TERMS > t.MAX_TERMS:
         return False
     try:
-        for _ in range(STEPWISE_ROUNDS):
-            if not d.terms:
-                return not d.const
-            if len(d.terms) > budget or len(t._TABLE) - start > STEPWISE_TERMS:
-                return False
-            d = _without_common_factors(d)
-            parts: list[t.Poly] = []
-            changed = False
-            for m, c in d.terms.items():
-                # the shortest sum first: a long one both sides share is multiplied out last
-                factor = min((f for f, e in m.powers.items() if e > 0 and isinstance(f, t.Poly)),
-                             key=lambda f: len(f.terms), default=None)
-                if factor is None:
-                    parts.append(t.Poly.make(t._ZERO, {m: c}))
-                    continue
-                changed = True
-                rest = dict(m.powers)
-                rest[factor] -= 1
-                if not rest[factor]:
-                    del rest[factor]
-                if rest:
-                    parts.append(t._times_sum(t.Poly.make(t._ZERO, {t.Monomial.make(rest): c}),
-                                              factor))
-                else:
-                    parts.append(factor._scaled(c))
-            if not changed:
-                return False
-            d = t.Poly.sum(parts)
-            t.check_deadline()
+        return _stepwise(difference, budget, start)
     except t.TooManyTerms:
         return False
+    finally:
+        # its terms are scratch: forgotten (once ``_stepwise``'s frame let go of them), not
+        # left to fill the proof's table
+        t.forget_since(start)
+
+
+def _stepwise(d: t.Poly, budget: int, start: int) -> bool:
+    for _ in range(STEPWISE_ROUNDS):
+        if not d.terms:
+            return not d.const
+        if len(d.terms) > budget or len(t._TABLE) - start > STEPWISE_TERMS:
+            return False
+        d = _without_common_factors(d)
+        parts: list[t.Poly] = []
+        changed = False
+        for m, c in d.terms.items():
+            # the shortest sum first: a long one both sides share is multiplied out last
+            factor = min((f for f, e in m.powers.items() if e > 0 and isinstance(f, t.Poly)),
+                         key=lambda f: len(f.terms), default=None)
+            if factor is None:
+                parts.append(t.Poly.make(t._ZERO, {m: c}))
+                continue
+            changed = True
+            rest = dict(m.powers)
+            rest[factor] -= 1
+            if not rest[factor]:
+                del rest[factor]
+            if rest:
+                parts.append(t._times_sum(t.Poly.make(t._ZERO, {t.Monomial.make(rest): c}),
+                                          factor))
+            else:
+                parts.append(factor._scaled(c))
+        if not changed:
+            return False
+        d = t.Poly.sum(parts)
+        t.check_deadline()
     return False
 
 

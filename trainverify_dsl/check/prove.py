@@ -285,8 +285,9 @@ def _prove_stage(pair: CheckPair, timeout_s: float, progress: Callable[[str], No
                     env[f"{name}[{','.join(map(str, index))}]"] = float(array[index])
     domain = SymbolicDomain(env)
     try:
-        values = symbolic_inputs(pair, classes.unread if classes is not None else frozenset())
-        grads = GradientCut(pair.program, pair.reference, variables)
+        unread = classes.unread if classes is not None else frozenset()
+        values = symbolic_inputs(pair, unread)
+        grads = GradientCut(pair.program, pair.reference, variables, unread)
 
         def replace(name: str, value: Any) -> Any:
             return grads.replace(name, value if hooks is None else hooks.replace(name, value))

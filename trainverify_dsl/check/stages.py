@@ -329,7 +329,10 @@ class GradientCut:
     differently (the plan sums partial gradients the reference computes whole), which the
     expansion of ``check/expand.py`` cannot multiply out at DeepSeek's sizes."""
 
-    def __init__(self, program: ParallelProgram, reference: Any, variables: Any) -> None:
+    def __init__(self, program: ParallelProgram, reference: Any, variables: Any,
+                 skip: frozenset[str] = frozenset()) -> None:
+        """``skip``: parameters not cut (a merged block's, ``Symmetry.unread``: bound to
+        zeros and not compared, their updates need no variables)."""
         self.variables, self.sizes = variables, program.sizes
         self.final = program.final_grad_layouts()
         claimed = {c.target for c in program.claims}
@@ -342,7 +345,8 @@ class GradientCut:
             for u in program.optimizer.updates:
                 name = f"grad({u.param})"
                 calls = readers.get(name, [])
-                if name in claimed or self.final[u.param].partial is not None or not calls \
+                if u.param in skip or name in claimed or \
+                        self.final[u.param].partial is not None or not calls \
                         or not all(f"new({u.param})" in c.results for c in calls):
                     continue
                 self.params.add(u.param)

@@ -31,6 +31,7 @@ direct float evaluation of the same expressions.
 from __future__ import annotations
 
 import math
+import sys
 import time
 import zlib
 from collections.abc import Iterable
@@ -769,6 +770,22 @@ def reset() -> None:
     _TABLE.clear()
     _TABLE[_poly_key(_ZERO, {})] = ZERO
     _TABLE[_poly_key(_ONE, {})] = ONE
+
+
+def forget_since(count: int) -> None:
+    """Forget the terms interned after the table held ``count`` (a scratch computation's,
+    ``expand.stepwise_zero``), except those something outside the table still references
+    (an older poly's cached product, a caller's value): those stay, so that the table's one
+    object per value is never duplicated. Newest first, so a parent is gone before its
+    children are looked at."""
+    kept: list[tuple[Any, Any]] = []
+    while len(_TABLE) > count:
+        key, term = _TABLE.popitem()
+        if sys.getrefcount(term) > 2:  # ``term`` and the call's argument
+            kept.append((key, term))
+        del term
+    for key, term in reversed(kept):
+        _TABLE[key] = term
 
 
 class Inf:

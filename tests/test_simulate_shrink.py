@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from trainverify_dsl.api import _plain, locate_model, resolve_plan
 from trainverify_dsl.cli.main import main
 from trainverify_dsl.cli.simulate_cmd import agrees
-from trainverify_dsl.shrink import Divisibility, shrink_plan, shrink_widths
+from trainverify_dsl.shrink import Divisibility, monomial, shrink_plan, shrink_widths
 
 MEGATRON = Path(__file__).resolve().parents[1] / "stdlib" / "megatron.tvp"
 
@@ -33,12 +33,14 @@ def _quiet():
         yield
 
 
-def rule(widths: dict[str, int], axes: dict[str, int], whole: bool = False) -> Divisibility:
-    return Divisibility(tuple(widths.items()), tuple(axes.items()), whole=whole)
+def rule(widths: dict[str, int], axes: dict[str, int], whole: bool = False,
+         constant: int = 1) -> Divisibility:
+    return Divisibility(tuple(widths.items()), tuple(axes.items()), whole=whole,
+                        constant=constant)
 
 
 def product(widths: dict[str, int], rule: Divisibility) -> int:
-    return math.prod(widths[w] ** e for w, e in rule.widths)
+    return math.prod(widths[w] ** e for w, e in rule.widths) * rule.constant
 
 
 # -- the rule -------------------------------------------------------------------------------
@@ -76,6 +78,52 @@ def test_minimum_two_and_never_above_the_full_width() -> None:
     assert shrunk == {"a": 3, "b": 1, "c": 2, "d": 3}  # 2 would make `a` divisible by x
 
 
+def test_a_kept_count_supplies_the_factors_it_holds() -> None:
+    """DeepSeek-V3 671B: the 256 routed experts are ``n_group`` (8, a count the model keeps)
+    times ``experts_per_group`` (32); ep=8 splits them, ZeRO over dp=4 cuts each rank's 32
+    experts and the router's 256 rows. The 8 holds ep's factors at every size, so the experts
+    per group keep only dp's 4 (they kept all 32, and the reference's MoE outgrew the proof)."""
+    widths = {"experts_per_group": 32}
+    epg = {"experts_per_group": 1}
+    rules = [rule(epg, {"ep": 8}, constant=8), rule(epg, {"ep": 8, "dp": 4}, True, 8),
+             rule(epg, {"dp": 4}, True, 8)]
+    assert [r.uncredited() for r in rules] == [(), (("dp", 4),), ()]
+    assert shrink_widths(widths, rules, {}, {}) == {"experts_per_group": 4}
+    # a constant that holds only part of an axis credits none of it
+    assert rule(epg, {"tp": 8}, constant=2).uncredited() == (("tp", 8),)
+    assert shrink_widths({"experts_per_group": 32}, [rule(epg, {"tp": 8}, constant=2)],
+                         {}, {}) == {"experts_per_group": 8}
+
+
+def test_outermost_heads_take_a_split_and_leave_the_head_dims_uncut() -> None:
+    """DeepSeek-V3's MLA lays ``wq_b``'s rows out as ``n_heads * (qk_nope + qk_rope)``, heads
+    outermost (``OUTERMOST``): 128 heads over tp=8 take the split, so the head dims keep no
+    factor of it (they kept 8 each, quadrupling every attention score's sum)."""
+    widths = {"n_heads": 128, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+              "v_head_dim": 128}
+    heads = (("n_heads", 1),)
+    rules = [Divisibility(heads, (("tp", 8),), (("qk_nope_head_dim", "qk_rope_head_dim"),)),
+             Divisibility(heads + (("v_head_dim", 1),), (("tp", 8),))]
+    least = {"qk_rope_head_dim": 2}
+    assert shrink_widths(widths, rules, least, {}, (), ("n_heads",)) == \
+        {"n_heads": 8, "qk_nope_head_dim": 2, "qk_rope_head_dim": 2, "v_head_dim": 2}
+    assert shrink_widths(widths, rules, least, {}) == \
+        {"n_heads": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8}
+    # 4 heads over tp=8: the split reaches into the head dims, which keep its factors
+    assert shrink_widths({**widths, "n_heads": 4}, rules, least, {}, (), ("n_heads",)) == \
+        {"n_heads": 4, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8}
+
+
+def test_a_widths_own_multiple_is_not_a_constant() -> None:
+    """A probe ``head_dim`` is twice its prime (RoPE's pairs): the 2 belongs to the width,
+    which supplies it shrunk, and is not credited; nor is anything beside ``head_dim / 2``."""
+    primes, probe = {"head_dim": 101, "epg": 103}, {"head_dim": 202, "epg": 103}
+    assert monomial(202, probe, primes) == ((("head_dim", 1),), (), 1)
+    assert monomial(101, probe, primes) == ((("head_dim", 1),), (), 1)
+    assert monomial(8 * 103, probe, primes) == ((("epg", 1),), (), 8)
+    assert monomial(3 * 202 * 103, probe, primes) == ((("epg", 1), ("head_dim", 1)), (), 3)
+
+
 def test_model_multiples_and_least_values_are_kept() -> None:
     shrunk = shrink_widths({"head_dim": 128, "experts": 64}, [], {"head_dim": 2},
                            {"experts": 6})
@@ -98,13 +146,18 @@ def test_every_divisibility_holds_shrunk_exactly_when_it_holds_at_full_size(
     monomials = st.dictionaries(st.sampled_from(names), st.integers(1, 2), min_size=1)
     axes = st.lists(st.sampled_from(sorted(mesh)), min_size=1, max_size=3, unique=True).map(
         lambda names_: {a: mesh[a] for a in names_})
-    rules = data.draw(st.lists(st.builds(rule, monomials, axes, st.booleans()), max_size=5))
+    constants = st.sampled_from([1, 1, 2, 3, 4, 6, 8, 12])  # a count the model keeps
+    rules = data.draw(st.lists(st.builds(rule, monomials, axes, st.booleans(), constants),
+                               max_size=5))
     shrunk = shrink_widths(widths, rules, {}, {})
     for r in rules:
         assert (product(widths, r) % r.n == 0) == (product(shrunk, r) % r.n == 0), r
-        if not r.whole:  # every sub-product too (a reshape of the dimension)
+        if not r.whole:  # every sub-product too (a reshape of the dimension into heads;
+            # a credited constant is laid out outside them, as DeepSeek's expert groups are)
+            outer = {r.constant} | ({1} if r.uncredited() == r.axes else set())
             for w, _ in r.widths:
-                assert (widths[w] % r.n == 0) <= (shrunk[w] % r.n == 0)
+                for c in outer:
+                    assert (c * widths[w] % r.n == 0) <= (c * shrunk[w] % r.n == 0), (r, c)
     for w in widths:
         assert 1 <= shrunk[w] <= widths[w] and (shrunk[w] >= 2 or widths[w] < 2)
 
@@ -344,7 +397,7 @@ def test_a_shrunk_plan_that_loses_a_divisibility_is_an_internal_error_not_agrees
         monkeypatch: pytest.MonkeyPatch) -> None:
     from trainverify_dsl import shrink
 
-    def broken(widths, rules, multiples, least, chains=()):  # 3: tp=2 cannot split it
+    def broken(widths, rules, multiples, least, chains=(), outer=()):  # tp=2 cannot split 3
         return {w: 3 if w == "d_hidden" else v for w, v in widths.items()}
 
     monkeypatch.setattr(shrink, "shrink_widths", broken)

@@ -24,6 +24,9 @@ derived ones of ``DERIVED`` rewritten as products of independent ones, plus ``ba
    whose full-size product it divides (``split_members``). ZeRO blocks are
    the exception (only the whole dimension 0 is cut into blocks): a ZeRO divisibility that the
    widths do not meet yet gets the missing factors from the width with the most to spare.
+   A dimension's factor that is no width (a count the model keeps: ``Divisibility.constant``)
+   is the same at every size: the axes it divides are taken off that dimension's ``A(w)``,
+   and it counts towards a ZeRO block's product.
 3. **Minimum sizes and ratios.** A width that is at least 2 stays at least 2 (the shape
    reduction theorem needs computing dimensions >= 2), multiplying by the least number that
    gives no mesh prime more factors than the full-size width has, so no divisibility appears
@@ -85,6 +88,14 @@ AT_LEAST: dict[str, tuple[tuple[str, int, Callable[[Mapping[str, Any]], int]], .
                    ("experts_per_group", 1,
                     lambda c: max(2, -(-c["n_activated_experts"] // c["topk_group"])))),
 }
+#: Per shipped model class: widths laid out outside every other factor of any dimension they
+#: are part of, sums of widths included (DeepSeek-V3's attention: ``split_heads`` and
+#: ``merge_heads`` of ``stdlib/models/common.py`` put the heads outermost in the rows of
+#: ``wq``/``wq_b`` and ``wkv_b``, ``n_heads * (qk_nope_head_dim + ...)``, and the columns of
+#: ``wo``, ``n_heads * v_head_dim``). A split the heads take whole leaves the head dims uncut.
+OUTERMOST: dict[str, tuple[str, ...]] = {
+    "DeepSeekV3": ("n_heads",),
+}
 #: Probe primes start here; no mesh factor or model constant is that large.
 PROBE_FLOOR = 101
 #: Sums of at most this many widths, times a constant up to ``SUM_SCALES``, are recognised in
@@ -115,6 +126,9 @@ class Divisibility:
     whole: bool = False
     #: what the divisibility comes from, for messages and tests
     source: str = ""
+    #: a factor of the dimension that is no width: a count the model keeps (DeepSeek-V3's
+    #: ``n_group``, the 8 of its 8 x ``experts_per_group`` experts), the same at every size
+    constant: int = 1
 
     def members(self) -> tuple[str, ...]:
         return tuple(w for w, _ in self.widths) + tuple(w for s in self.sums for w in s)
@@ -122,6 +136,20 @@ class Divisibility:
     @property
     def n(self) -> int:
         return math.prod(n for _, n in self.axes)
+
+    def uncredited(self) -> tuple[tuple[str, int], ...]:
+        """The axes the widths must supply: without the largest set of axes whose product
+        divides ``constant`` (the constant holds their factors at every size). An axis the
+        constant divides only in part stays (its widths keep its factors, more than needed)."""
+        if self.constant == 1:
+            return self.axes
+        best: tuple[int, tuple[int, ...]] = (1, ())
+        for count in range(1, len(self.axes) + 1):
+            for chosen in itertools.combinations(range(len(self.axes)), count):
+                n = math.prod(self.axes[i][1] for i in chosen)
+                if self.constant % n == 0 and n > best[0]:
+                    best = (n, chosen)
+        return tuple(a for i, a in enumerate(self.axes) if i not in best[1])
 
 
 def _primes(n: int) -> Iterator[int]:
@@ -223,24 +251,30 @@ def _no_coincidence(primes: Mapping[str, int], multiples: Mapping[str, int]) -> 
 
 def monomial(size: int, probe: Mapping[str, int], primes: Mapping[str, int],
              constants: bool = False
-             ) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, ...], ...]]:
-    """The widths (with exponents) a probe dimension of ``size`` is the product of, and the
-    sums of widths among its factors (DeepSeek's ``qk_nope_head_dim + qk_rope_head_dim``).
+             ) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, ...], ...], int]:
+    """The widths (with exponents) a probe dimension of ``size`` is the product of, the
+    sums of widths among its factors (DeepSeek's ``qk_nope_head_dim + qk_rope_head_dim``),
+    and its constant factor (``Divisibility.constant``; 1 when there is a sum, or when the
+    dimension holds a width without the multiple it is built with, as ``head_dim / 2``).
     ``probe``: the probe value of each width, ``primes``: its probe prime. ``constants``:
     the model has config fields kept at their values (a user's model, ``_width_fields``),
     so a factor that is no width nor sum of widths is one of those constants."""
     factors = tuple((w, _valuation(size, q)) for w, q in sorted(primes.items())
                     if size % q == 0)
     rest = size // math.prod(primes[w] ** e for w, e in factors)
+    # the widths' own multiples (a probe ``head_dim`` is twice its prime) are no constant:
+    # the shrunk width supplies them itself, so only what is left beside them is credited
+    built = math.prod(probe[w] ** e for w, e in factors)
+    constant = size // built if size % built == 0 else 1
     if rest < PROBE_FLOOR:  # a constant of the model (a top-k, a pair of RoPE halves)
-        return factors, ()
+        return factors, (), constant
     for scale in range(1, SUM_SCALES + 1):
         if rest % scale == 0:
             found = _summands(rest // scale, {w: probe[w] for w in primes})
             if found:
-                return factors, (found,)
+                return factors, (found,), 1
     if constants:
-        return factors, ()
+        return factors, (), constant
     raise ShrinkError(f"a dimension of size {size} at probe widths {dict(probe)} is neither a "
                       "product nor a sum of widths")
 
@@ -268,13 +302,25 @@ def nesting(model: str) -> tuple[tuple[str, ...], ...]:
     return tuple(expansion.values())
 
 
+def outermost(model: str) -> tuple[str, ...]:
+    """The model's widths laid out outside every other factor of any dimension they are part
+    of (``OUTERMOST``)."""
+    return OUTERMOST.get(model, ())
+
+
 def split_members(rule: Divisibility, widths: Mapping[str, int],
-                  chains: Sequence[tuple[str, ...]] = ()) -> tuple[str, ...]:
+                  chains: Sequence[tuple[str, ...]] = (),
+                  outer: Sequence[str] = ()) -> tuple[str, ...]:
     """The widths a split reaches: every member of its dimension, except for a dimension made
-    of nested widths only (each once, ``nesting``), which is laid out outer-major: there the
-    split falls on the shortest outer prefix whose full-size product it divides, and the
-    inner widths are not cut at full size, nor shrunk, where the prefix keeps the factors."""
+    of nested widths only (each once, ``nesting``), or one holding an ``outer`` width
+    (``outermost``), which is laid out outer-major: there the split falls on the shortest
+    outer prefix whose full-size product it divides, and the inner widths are not cut at
+    full size, nor shrunk, where the prefix keeps the factors."""
     members = rule.members()
+    n = math.prod(size for _, size in rule.uncredited())
+    first = next((w for w in outer if (w, 1) in rule.widths), None)
+    if first is not None and len(members) > 1 and widths[first] % n == 0:
+        return (first,)
     if rule.sums or len(members) < 2 or any(e != 1 for _, e in rule.widths):
         return members
     chain = next((c for c in chains if set(members) <= set(c)), None)
@@ -282,23 +328,24 @@ def split_members(rule: Divisibility, widths: Mapping[str, int],
         return members
     ordered = sorted(members, key=chain.index)
     for j in range(1, len(ordered) + 1):
-        if math.prod(widths[w] for w in ordered[:j]) % rule.n == 0:
+        if math.prod(widths[w] for w in ordered[:j]) % n == 0:
             return tuple(ordered[:j])
     return members
 
 
 def keep_exponents(widths: Mapping[str, int], rules: list[Divisibility],
                    multiples: Mapping[str, int],
-                   chains: Sequence[tuple[str, ...]] = ()) -> dict[str, dict[int, int]]:
+                   chains: Sequence[tuple[str, ...]] = (),
+                   outer: Sequence[str] = ()) -> dict[str, dict[int, int]]:
     """Per width and mesh prime, how many factors the shrunk width keeps (step 2 of the
     module docstring, with the model's own multiples), before the minimum sizes.
-    ``chains``: the model's nested widths (``nesting``)."""
+    ``chains``: the model's nested widths (``nesting``), ``outer``: its ``outermost``."""
     primes = mesh_primes(rules, multiples)
     axes_of: dict[str, dict[str, int]] = {w: {} for w in widths}
     for rule in rules:
         if not rule.whole:
-            for w in split_members(rule, widths, chains):
-                axes_of[w].update(rule.axes)
+            for w in split_members(rule, widths, chains, outer):
+                axes_of[w].update(rule.uncredited())
     keep = {w: {p: min(_valuation(widths[w], p),
                        sum(_valuation(n, p) for n in axes_of[w].values()))
                 for p in primes} for w in widths}
@@ -347,15 +394,16 @@ def _lowest_can_grow(summands: tuple[str, ...], widths: Mapping[str, int],
 def _kept(rule: Divisibility, keep: Mapping[str, Mapping[int, int]], p: int) -> int:
     """A lower bound of ``v_p`` of the rule's shrunk product."""
     return sum(e * keep[w][p] for w, e in rule.widths) + \
-        sum(min(keep[w][p] for w in s) for s in rule.sums)
+        sum(min(keep[w][p] for w in s) for s in rule.sums) + _valuation(rule.constant, p)
 
 
 def shrink_widths(widths: Mapping[str, int], rules: list[Divisibility],
                   multiples: Mapping[str, int], least: Mapping[str, int],
-                  chains: Sequence[tuple[str, ...]] = ()) -> dict[str, int]:
+                  chains: Sequence[tuple[str, ...]] = (),
+                  outer: Sequence[str] = ()) -> dict[str, int]:
     """The shrunk value of every width (the rule of the module docstring); ``chains``: the
-    model's nested widths (``nesting``)."""
-    keep = keep_exponents(widths, rules, multiples, chains)
+    model's nested widths (``nesting``), ``outer``: its ``outermost``."""
+    keep = keep_exponents(widths, rules, multiples, chains, outer)
     primes = mesh_primes(rules, multiples)
     out = {}
     for w, full in widths.items():
@@ -373,7 +421,7 @@ def shrink_widths(widths: Mapping[str, int], rules: list[Divisibility],
 def _product(rule: Divisibility, values: Mapping[str, int]) -> int:
     """The rule's dimension at ``values`` (its sums' constant scales left out)."""
     return math.prod(values[w] ** e for w, e in rule.widths) * \
-        math.prod(sum(values[w] for w in s) for s in rule.sums)
+        math.prod(sum(values[w] for w in s) for s in rule.sums) * rule.constant
 
 
 #: how many values of each summand ``_sums_divide`` tries (the least ones allowed)
@@ -488,8 +536,8 @@ def algorithm_needs(binding: Any) -> list[tuple[str, int, tuple[str, ...], bool]
 def _divisibility(size: int, axes: tuple[tuple[str, int], ...], probe: Mapping[str, int],
                   primes: Mapping[str, int], *, source: str, whole: bool = False,
                   constants: bool = False) -> Divisibility:
-    factors, sums = monomial(size, probe, primes, constants)
-    return Divisibility(factors, axes, sums, whole, source)
+    factors, sums, constant = monomial(size, probe, primes, constants)
+    return Divisibility(factors, axes, sums, whole, source, constant)
 
 
 def _zero_blocks(plan: Plan, binding: Any, axes: Callable[[tuple[str, ...]], Any],
@@ -694,8 +742,8 @@ def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) 
     shapes = point_shapes(fake, specs, points) if points else {}
     rules = plan_divisibilities(plan, binding, shapes, probe, primes, constants)
     least = {w: lowest(config) for w, _, lowest in bounds if w in full}
-    chains = nesting(model) if shipped else ()
-    widths = {**shrink_widths(full, rules, multiples, least, chains),
+    chains, outer = (nesting(model), outermost(model)) if shipped else ((), ())
+    widths = {**shrink_widths(full, rules, multiples, least, chains, outer),
               **{w: full[w] for w in kept}}
     overrides = config_values(widths, config, model)
     return Shrunk({k: v for k, v in overrides.items() if config.get(k) != v},

@@ -35,6 +35,8 @@ the same keys (values that need a simulation are ``null``, or empty, when none r
       "reading": null,             # how the first difference differs, when it has values
       "draw": null,                # or how the inputs compared were drawn, when a second
                                    # draw (blocks counting differently) found the difference
+      "roundoff": null,            # or the largest difference (at or above the tolerance)
+                                   # the reference's own float64 round-off explains
       "mismatches": [],            # at most 20 mismatches
       "mismatch_count": 0,
       "lineage_mismatches": [],
@@ -182,6 +184,7 @@ def _simulation_json(result: Any) -> dict[str, Any]:
         "first_difference": _mismatch(result.first) if result.first else None,
         "reading": _reading_json(result.reading),
         "draw": result.draw or None,
+        "roundoff": _number(result.roundoff) if result.roundoff else None,
         "mismatches": [_mismatch(m) for m in result.mismatches[:SHOWN]],
         "mismatch_count": len(result.mismatches),
         "lineage_mismatches": [_mismatch(m) for m in result.lineage_mismatches[:SHOWN]],
@@ -232,6 +235,10 @@ def _text(path: str, result: Any, color: bool = False) -> str:
     lines.append(f"{path}: {paint(verdict, style)}: max relative error "
                  f"{result.max_rel_error:.3g} (tolerance {TOLERANCE:g}) over {result.compared} "
                  f"tensors on {result.ranks} ranks")
+    if result.roundoff:
+        lines.append(f"  note: differences up to {result.roundoff:.3g} are the reference's "
+                     "own float64 round-off (its extended-precision evaluation is as far from "
+                     "its float64 one; docs/lowering.md)")
     if result.lineage_mismatches and result.first is result.lineage_mismatches[0]:
         m = result.first
         lines.append(f"  first difference: {_located(m.span, paint)} {m.tensor} on rank "

@@ -116,7 +116,7 @@ def test_github_prints_an_error_command(layout_pass_crashes, capsys, monkeypatch
 #: the keys of every ``tvp simulate --format json`` document, whatever happened
 SIMULATE_KEYS = {"plan", "verdict", "agrees", "error", "max_rel_error", "tolerance", "ranks",
                  "compared", "sizes", "idle_axes", "estimated_bytes", "first_difference",
-                 "reading", "draw", "mismatches", "mismatch_count", "lineage_mismatches",
+                 "reading", "draw", "roundoff", "mismatches", "mismatch_count", "lineage_mismatches",
                  "findings"}
 
 

@@ -116,8 +116,8 @@ def test_github_prints_an_error_command(layout_pass_crashes, capsys, monkeypatch
 #: the keys of every ``tvp simulate --format json`` document, whatever happened
 SIMULATE_KEYS = {"plan", "verdict", "agrees", "error", "max_rel_error", "tolerance", "ranks",
                  "compared", "sizes", "idle_axes", "estimated_bytes", "first_difference",
-                 "reading", "draw", "roundoff", "mismatches", "mismatch_count", "lineage_mismatches",
-                 "findings"}
+                 "reading", "draw", "roundoff", "mismatches", "mismatch_count",
+                 "lineage_mismatches", "findings"}
 
 
 def simulate_json(capsys: pytest.CaptureFixture[str], plan: str) -> tuple[int, dict, str]:

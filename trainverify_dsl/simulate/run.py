@@ -387,12 +387,18 @@ class Roundoff:
         self.want = want
         self._precise = precise
         self._values: Mapping[str, Any] | None = None
+        self._errors: dict[tuple[str, float], float] = {}
         self.excused = 0.0
 
     def error(self, tensor: str, floor: float) -> float:
         """The reference's own relative float64 error in ``tensor`` (scaled as the comparison
         scales: by its largest entry, at least ``floor``); the largest of all tensors when the
         comparison's name is none of the reference's outputs."""
+        if (tensor, floor) not in self._errors:
+            self._errors[tensor, floor] = self._error(tensor, floor)
+        return self._errors[tensor, floor]
+
+    def _error(self, tensor: str, floor: float) -> float:
         if self._values is None:
             self._values = self._precise()
         values = self._values

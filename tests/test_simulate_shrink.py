@@ -551,3 +551,44 @@ def test_a_gradient_reduce_scatter_keeps_its_divisibility_when_shrunk(tmp_path: 
         '''), encoding="utf-8")
     verdict = check_file(path, cache=False)
     assert verdict.verdict == "verified", verdict.reason
+
+
+GROUPS = '''
+import torch
+from torch import nn
+
+
+class GroupNet(nn.Module):
+    WIDTHS = ("width",)
+
+    def __init__(self, groups=4, width=8):
+        super().__init__()
+        self.up = nn.Linear(4, width * groups, bias=False)  # width outside: groups inner
+        self.down = nn.Linear(width * groups, 4, bias=False)
+
+    def input_specs(self, batch, seq):
+        return {"inp": ((batch, 4), torch.float32), "tgt": ((batch, 4), torch.float32)}
+
+    def forward(self, inp, tgt):
+        e = self.down(torch.tanh(self.up(inp))) - tgt
+        return (e * e).mean()
+'''
+
+
+def test_a_users_kept_count_gives_no_credit(tmp_path: Path) -> None:
+    """A shipped model's kept count lies outside its widths (DeepSeek's expert groups), so it
+    holds a split's factors for them; how a user's model lays its kept fields out is
+    unknown, so its declared width keeps the split's factors itself."""
+    (tmp_path / "groupnet.py").write_text(GROUPS)
+    path = write(tmp_path, "groups", """
+        plan groups
+        spec "groupnet.py:GroupNet" batch 4 seq 1 groups 4 width 512
+        mesh mp=4
+        split up.weight [mp, -]
+        copy up.in over mp
+        split down.weight [-, mp]
+        all-reduce down.out over mp
+        optimizer sgd lr=0.1
+        """)
+    overrides, _, _ = sizes(path)
+    assert overrides == {"width": 4}

@@ -24,9 +24,9 @@ derived ones of ``DERIVED`` rewritten as products of independent ones, plus ``ba
    whose full-size product it divides (``split_members``). ZeRO blocks are
    the exception (only the whole dimension 0 is cut into blocks): a ZeRO divisibility that the
    widths do not meet yet gets the missing factors from the width with the most to spare.
-   A dimension's factor that is no width (a count the model keeps: ``Divisibility.constant``)
-   is the same at every size: the axes it divides are taken off that dimension's ``A(w)``,
-   and it counts towards a ZeRO block's product.
+   A dimension's factor that is no width (a count a shipped model keeps, laid out outside
+   its widths: ``Divisibility.constant``) is the same at every size: the axes it divides are
+   taken off that dimension's ``A(w)``, and it counts towards a ZeRO block's product.
 3. **Minimum sizes and ratios.** A width that is at least 2 stays at least 2 (the shape
    reduction theorem needs computing dimensions >= 2), multiplying by the least number that
    gives no mesh prime more factors than the full-size width has, so no divisibility appears
@@ -741,6 +741,8 @@ def shrink_plan(plan: Plan, settings: Mapping[str, Any], model_ref: Any = None) 
     points |= {point for point, _, _, _ in algorithm_needs(binding)}
     shapes = point_shapes(fake, specs, points) if points else {}
     rules = plan_divisibilities(plan, binding, shapes, probe, primes, constants)
+    if not shipped:  # how a user's model lays its kept counts out is unknown: no credit
+        rules = [replace(r, constant=1) for r in rules]
     least = {w: lowest(config) for w, _, lowest in bounds if w in full}
     chains, outer = (nesting(model), outermost(model)) if shipped else ((), ())
     widths = {**shrink_widths(full, rules, multiples, least, chains, outer),

@@ -37,11 +37,14 @@ def as_value(array: object, type_: TensorType) -> np.ndarray:
     return value
 
 
-def run_node(node: Node, args: tuple[np.ndarray, ...]) -> np.ndarray:
+def run_node(node: Node, args: tuple[np.ndarray, ...], floats: type = np.float64
+             ) -> np.ndarray:
+    """``node`` on ``args``, its result in the carrier type (``floats`` for a float)."""
     # NaN/inf results are values like any other (torch computes them too): no warnings.
     with np.errstate(all="ignore"):
         result = OPS[node.op].evaluate(args, node.attr_map())
-    return np.asarray(result).astype(numpy_dtype(node.dtype), copy=False)
+    carrier = numpy_dtype(node.dtype)
+    return np.asarray(result).astype(floats if carrier is np.float64 else carrier, copy=False)
 
 
 class Domain:
@@ -91,11 +94,7 @@ class Extended(Domain):
         return _widen(as_value(array, type_))
 
     def run(self, node: Node, args: tuple[Any, ...]) -> Any:
-        with np.errstate(all="ignore"):
-            result = np.asarray(OPS[node.op].evaluate(args, node.attr_map()))
-        if numpy_dtype(node.dtype) is np.float64:
-            return result.astype(np.longdouble, copy=False)
-        return result.astype(numpy_dtype(node.dtype), copy=False)
+        return run_node(node, args, np.longdouble)
 
     def collective(self, op: str, per_rank: list[tuple[Any, ...]], attrs: Mapping[str, Any]
                    ) -> list[Any]:

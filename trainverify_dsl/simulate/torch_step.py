@@ -157,6 +157,7 @@ def check_reference(want: Mapping[str, np.ndarray], model: torch.nn.Module,
     magnitude = max((float(np.max(np.abs(v))) for k, v in eager.items()
                      if np.size(v) and not k.startswith(POINT)), default=1.0)
     errors: dict[str, float] = {}
+    scales: dict[str, float] = {}
     for name, expected in eager.items():
         got = np.asarray(want[name], dtype=np.float64)
         expected = np.asarray(expected, dtype=np.float64)
@@ -166,13 +167,11 @@ def check_reference(want: Mapping[str, np.ndarray], model: torch.nn.Module,
         # relative to the output's largest entry, never to less than a millionth of the
         # largest of all (a gradient that is zero in real arithmetic is round-off both sides)
         own = float(np.max(np.abs(expected))) if expected.size else 0.0
-        scale = max(own, floor * magnitude, 1e-300)
+        scale = scales[name] = max(own, floor * magnitude, 1e-300)
         errors[name] = float(np.max(np.abs(got - expected))) / scale if expected.size else 0.0
     for name, error in errors.items():
-        own = float(np.max(np.abs(eager[name]))) if np.size(eager[name]) else 0.0
         if not error < tolerance and not (
-                roundoff is not None and
-                roundoff.explains(error, name, max(own, floor * magnitude, 1e-300))):
+                roundoff is not None and roundoff.explains(error, name, scales[name])):
             own_backward = name.startswith("grad(") and errors.get("loss", np.inf) < tolerance
             raise ReferenceDisagrees(
                 f"the reference step's IR differs from eager torch on `{name}` (relative error "
